@@ -1,0 +1,42 @@
+"""sa_taskqueue: a reliable task queue in the SQL database an application already has.
+
+``import sa_taskqueue as tq``, map `tq.Task` (or `tq.TaskMixin` on your own
+base), create a `tq.TaskQueue`, register functions with ``@queue.task`` and
+run ``queue.run_worker()``.
+"""
+
+from __future__ import annotations
+
+from sa_taskqueue import strategies
+from sa_taskqueue.claimed import ClaimedTask
+from sa_taskqueue.exceptions import (
+    DatabaseUnavailable,
+    SchemaMissing,
+    StrategyError,
+    TaskNotRegistered,
+    TaskQueueError,
+)
+from sa_taskqueue.model import Base, Task, TaskMixin, TaskStatus, metadata
+from sa_taskqueue.queue import TaskQueue
+from sa_taskqueue.registered import RegisteredTask
+from sa_taskqueue.worker import Worker
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Base",
+    "ClaimedTask",
+    "DatabaseUnavailable",
+    "RegisteredTask",
+    "SchemaMissing",
+    "StrategyError",
+    "Task",
+    "TaskMixin",
+    "TaskNotRegistered",
+    "TaskQueue",
+    "TaskQueueError",
+    "TaskStatus",
+    "Worker",
+    "metadata",
+    "strategies",
+]

@@ -1,0 +1,57 @@
+"""`ClaimedTask`: what a worker holds after a claim, detached from any session."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ClaimedTask:
+    """A plain snapshot of a task as it was claimed.
+
+    It is not an ORM object: it stays valid after the claim's transaction has
+    committed and its session is gone, and it can be passed between threads.
+    ``locked_by`` and ``attempts`` together identify this claim: ``complete``
+    and ``fail`` only act while the row still carries both, so a worker whose
+    lease has expired (and whose task someone else claimed) cannot overwrite
+    the new holder's outcome.
+    """
+
+    id: int
+    name: str
+    queue: str
+    priority: int
+    params: dict[str, Any]
+    attempts: int
+    max_attempts: int
+    run_at: datetime
+    created_at: datetime
+    started_at: datetime
+    locked_by: str
+    locked_until: datetime
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> ClaimedTask:
+        """Build a snapshot from a claimed row (a mapping of column name to value)."""
+        return cls(
+            id=row["id"],
+            name=row["name"],
+            queue=row["queue"],
+            priority=row["priority"],
+            params=dict(row["params"] or {}),
+            attempts=row["attempts"],
+            max_attempts=row["max_attempts"],
+            run_at=row["run_at"],
+            created_at=row["created_at"],
+            started_at=row["started_at"],
+            locked_by=row["locked_by"],
+            locked_until=row["locked_until"],
+        )
+
+    @property
+    def sort_key(self) -> tuple[int, datetime, int]:
+        """The claim order: priority, then run_at, then id."""
+        return (self.priority, self.run_at, self.id)

@@ -1,0 +1,514 @@
+"""`TaskQueue`: enqueue, claim, complete, fail, cancel.  The only caller of the claim strategies."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import secrets
+import socket
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
+
+from sqlalchemy import Engine, Table, inspect, update
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.orm import Session, sessionmaker
+
+from sa_taskqueue.claimed import ClaimedTask
+from sa_taskqueue.exceptions import (
+    DatabaseUnavailable,
+    SchemaMissing,
+    StrategyError,
+)
+from sa_taskqueue.model import Task, TaskMixin, TaskStatus
+from sa_taskqueue.registered import RegisteredTask, TaskOptions
+from sa_taskqueue.strategies import registry
+from sa_taskqueue.strategies.base import ClaimRequest, ClaimStrategy
+from sa_taskqueue.types import utcnow
+
+if TYPE_CHECKING:
+    from sa_taskqueue.worker import Worker
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+logger = logging.getLogger("sa_taskqueue")
+
+DEFAULT_LEASE = timedelta(minutes=5)
+DEFAULT_RETRY_DELAY = timedelta(seconds=1)
+DEFAULT_MAX_RETRY_DELAY = timedelta(hours=1)
+#: Longest stored ``last_error``; the head and the tail of a traceback are kept.
+MAX_ERROR_LENGTH = 60_000
+
+
+class TaskQueue:
+    """A task queue on one table of one database.
+
+    ``bind`` is an `Engine` or a `sessionmaker` bound to one.  The claim
+    strategy is picked from the dialect and server version on first use,
+    unless ``strategy`` names one (``"skip_locked"``, ``"conditional_update"``,
+    ``"advisory_lock"``) or is a `ClaimStrategy` instance.  ``lease`` is how
+    long a claim holds a task before another worker may take it again; a
+    running worker renews it.
+    """
+
+    def __init__(
+        self,
+        bind: Engine | sessionmaker[Session],
+        *,
+        model: type[TaskMixin] = Task,
+        strategy: str | ClaimStrategy | None = None,
+        lease: timedelta = DEFAULT_LEASE,
+        max_retry_delay: timedelta = DEFAULT_MAX_RETRY_DELAY,
+    ) -> None:
+        self.engine = _engine_of(bind)
+        self.model = model
+        table = getattr(model, "__table__", None)
+        if not isinstance(table, Table):
+            raise TypeError(f"model must be a mapped TaskMixin class, got {model!r}")
+        self.table: Table = table
+        if not isinstance(lease, timedelta) or lease <= timedelta(0):
+            raise ValueError(f"lease must be a positive timedelta, got {lease!r}")
+        self.lease = lease
+        self.max_retry_delay = max_retry_delay
+        self._tasks: dict[str, RegisteredTask[Any, Any]] = {}
+        self._strategy: ClaimStrategy | None = None
+        self._strategy_lock = threading.Lock()
+        self._requested_strategy = strategy
+        self._next_recovery = 0.0
+        self._worker_id: tuple[int, str] | None = None
+        if strategy is not None:
+            self._check_dialect(strategy)
+
+    # Strategy --------------------------------------------------------------
+
+    def _check_dialect(self, strategy: str | ClaimStrategy) -> None:
+        if isinstance(strategy, str):
+            cls = registry.by_name(strategy)
+        elif isinstance(strategy, ClaimStrategy):
+            cls = type(strategy)
+        else:
+            raise TypeError(
+                f"strategy must be None, a strategy name or a ClaimStrategy, got {strategy!r}"
+            )
+        reason = cls.unsupported_reason(self.engine.dialect)
+        if reason is not None:
+            raise StrategyError(reason)
+
+    @property
+    def strategy(self) -> ClaimStrategy:
+        """The claim strategy in use; resolved (connecting once if needed) on first access."""
+        if self._strategy is None:
+            with self._strategy_lock:
+                if self._strategy is None:
+                    self._strategy = self._resolve_strategy()
+        return self._strategy
+
+    def _resolve_strategy(self) -> ClaimStrategy:
+        dialect = self.engine.dialect
+        if dialect.server_version_info is None and dialect.name != "sqlite":
+            # The server version is known only after a first connect.
+            with self._database_errors(), self.engine.connect():
+                pass
+        requested = self._requested_strategy
+        if requested is None:
+            strategy = registry.resolve(dialect)
+        elif isinstance(requested, str):
+            strategy = registry.by_name(requested)()
+        else:
+            strategy = requested
+        strategy.check_server(dialect)
+        with self._database_errors():
+            strategy.prepare(self.engine)
+        return strategy
+
+    # Registration ----------------------------------------------------------
+
+    @overload
+    def task(self, name: Callable[P, R], /) -> RegisteredTask[P, R]: ...
+
+    @overload
+    def task(
+        self,
+        name: str | None = None,
+        *,
+        queue: str = "default",
+        priority: int = 0,
+        max_attempts: int = 3,
+        retry_delay: timedelta = DEFAULT_RETRY_DELAY,
+    ) -> Callable[[Callable[P, R]], RegisteredTask[P, R]]: ...
+
+    def task(
+        self,
+        name: str | Callable[P, R] | None = None,
+        *,
+        queue: str = "default",
+        priority: int = 0,
+        max_attempts: int = 3,
+        retry_delay: timedelta = DEFAULT_RETRY_DELAY,
+    ) -> RegisteredTask[P, R] | Callable[[Callable[P, R]], RegisteredTask[P, R]]:
+        """Register a function as a task; usable as ``@queue.task`` or ``@queue.task("name", ...)``.
+
+        The name defaults to ``module.qualname``.  Registering a second
+        function under a taken name is an error: rows would run the wrong code.
+        """
+        if callable(name):
+            return self.task()(name)
+        _check_queue_name(queue)
+        _check_int("priority", priority)
+        _check_max_attempts(max_attempts)
+        if not isinstance(retry_delay, timedelta) or retry_delay < timedelta(0):
+            raise ValueError(f"retry_delay must be a non-negative timedelta, got {retry_delay!r}")
+        options = TaskOptions(queue, priority, max_attempts, retry_delay)
+
+        def register(func: Callable[P, R]) -> RegisteredTask[P, R]:
+            task_name = name if name is not None else f"{func.__module__}.{func.__qualname__}"
+            if not isinstance(task_name, str) or not task_name:
+                raise ValueError(f"task name must be a non-empty string, got {task_name!r}")
+            existing = self._tasks.get(task_name)
+            if existing is not None and existing.func is not func:
+                raise ValueError(f"a task is already registered under {task_name!r}: {existing.func!r}")
+            registered = RegisteredTask(self, func, task_name, options)
+            self._tasks[task_name] = registered
+            return registered
+
+        return register
+
+    def registered(self, name: str) -> RegisteredTask[Any, Any] | None:
+        """The task registered under ``name`` in this process, or None."""
+        return self._tasks.get(name)
+
+    @property
+    def task_names(self) -> list[str]:
+        """The names of every task registered with this queue, sorted."""
+        return sorted(self._tasks)
+
+    # Enqueue ---------------------------------------------------------------
+
+    def enqueue(
+        self,
+        session: Session,
+        name: str,
+        params: dict[str, Any] | None = None,
+        *,
+        queue: str | None = None,
+        priority: int | None = None,
+        run_at: datetime | None = None,
+        max_attempts: int | None = None,
+    ) -> TaskMixin:
+        """Add a task to the caller's ``session`` and flush it; the caller commits.
+
+        The task exists exactly when the caller's transaction commits.  Every
+        argument is checked before anything touches the database.
+        """
+        task = self._new_task(name, params, queue, priority, run_at, max_attempts)
+        session.add(task)
+        session.flush([task])
+        return task
+
+    def enqueue_many(
+        self,
+        session: Session,
+        name: str,
+        params_list: Iterable[dict[str, Any] | None],
+        *,
+        queue: str | None = None,
+        priority: int | None = None,
+        run_at: datetime | None = None,
+        max_attempts: int | None = None,
+    ) -> list[TaskMixin]:
+        """Add one task per params dict to ``session`` and flush them together; the caller commits."""
+        tasks = [
+            self._new_task(name, params, queue, priority, run_at, max_attempts)
+            for params in params_list
+        ]
+        session.add_all(tasks)
+        if tasks:
+            session.flush(tasks)
+        return tasks
+
+    def _new_task(
+        self,
+        name: str,
+        params: dict[str, Any] | None,
+        queue: str | None,
+        priority: int | None,
+        run_at: datetime | None,
+        max_attempts: int | None,
+    ) -> TaskMixin:
+        registered = self._tasks.get(name) if isinstance(name, str) else None
+        if registered is None:
+            known = ", ".join(repr(n) for n in self.task_names) or "none"
+            raise ValueError(f"name: no task registered under {name!r} (registered: {known})")
+        if params is None:
+            params = {}
+        _check_params(params)
+        options = registered.options
+        if queue is not None:
+            _check_queue_name(queue)
+        if priority is not None:
+            _check_int("priority", priority)
+        if max_attempts is not None:
+            _check_max_attempts(max_attempts)
+        if run_at is not None:
+            if not isinstance(run_at, datetime):
+                raise TypeError(f"run_at must be a datetime, got {type(run_at).__name__}")
+            if run_at.tzinfo is None or run_at.utcoffset() is None:
+                raise ValueError(f"run_at must be timezone-aware, got naive {run_at!r}")
+        now = utcnow()
+        return self.model(
+            name=name,
+            params=params,
+            queue=queue if queue is not None else options.queue,
+            priority=priority if priority is not None else options.priority,
+            max_attempts=max_attempts if max_attempts is not None else options.max_attempts,
+            run_at=run_at if run_at is not None else now,
+            status=TaskStatus.QUEUED,
+            attempts=0,
+            created_at=now,
+        )
+
+    # Claim and finish ------------------------------------------------------
+
+    def default_worker_id(self) -> str:
+        """``host:pid:token``, new in each process that uses this queue (a fork gets its own)."""
+        pid = os.getpid()
+        if self._worker_id is None or self._worker_id[0] != pid:
+            self._worker_id = (pid, f"{socket.gethostname()}:{pid}:{secrets.token_hex(4)}")
+        return self._worker_id[1]
+
+    def claim(
+        self,
+        *,
+        limit: int = 1,
+        queues: Sequence[str] | None = None,
+        worker_id: str | None = None,
+    ) -> list[ClaimedTask]:
+        """Take up to ``limit`` due tasks for ``worker_id`` in one short transaction of its own.
+
+        Each is marked RUNNING with ``attempts`` incremented and a lease of
+        ``self.lease``; the claim commits before this returns.  The snapshots
+        come in claim order: priority, then run_at, then id.
+        """
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+            raise ValueError(f"limit must be a positive integer, got {limit!r}")
+        queue_names: tuple[str, ...] | None = None
+        if queues is not None:
+            if isinstance(queues, str):
+                raise TypeError("queues must be a sequence of queue names, not a single string")
+            queue_names = tuple(queues)
+            for queue_name in queue_names:
+                _check_queue_name(queue_name)
+            if not queue_names:
+                return []
+        strategy = self.strategy
+        self._recover_if_due(strategy)
+        now = utcnow()
+        request = ClaimRequest(
+            limit=limit,
+            queues=queue_names,
+            worker_id=worker_id or self.default_worker_id(),
+            now=now,
+            lease_until=now + self.lease,
+        )
+        with self._database_errors():
+            rows = strategy.claim(self.engine, self.table, request)
+        claimed = sorted((ClaimedTask.from_row(row) for row in rows), key=lambda t: t.sort_key)
+        return claimed
+
+    def recover(self) -> int:
+        """Give back tasks whose worker is gone (lease expired, or advisory lock free); return how many."""
+        strategy = self.strategy
+        with self._database_errors():
+            recovered = strategy.recover(self.engine, self.table, utcnow())
+        if recovered:
+            logger.warning("recovered %d task(s) from workers that are gone", recovered)
+        return recovered
+
+    def _recover_if_due(self, strategy: ClaimStrategy) -> None:
+        # Recovery is a query of its own; running it on every claim would add a
+        # round trip to the hot path, so it runs at most once per interval.
+        clock = time.monotonic()
+        if clock < self._next_recovery:
+            return
+        self._next_recovery = clock + strategy.recovery_interval(self.lease).total_seconds()
+        self.recover()
+
+    def complete(self, claimed: ClaimedTask, result: Any = None) -> bool:
+        """Mark the task COMPLETED with ``result``; False if ``claimed`` no longer holds it."""
+        try:
+            json.dumps(result)
+        except (TypeError, ValueError) as error:
+            raise TypeError(f"result is not JSON-serialisable: {error}") from error
+        now = utcnow()
+        values = {
+            "status": TaskStatus.COMPLETED,
+            "finished_at": now,
+            "locked_until": None,
+            "result": result,
+        }
+        return self._finish(claimed, values, now)
+
+    def fail(self, claimed: ClaimedTask, error: BaseException | str) -> bool:
+        """Record ``error``; retry later with backoff while attempts remain, else mark FAILED.
+
+        False if ``claimed`` no longer holds the task (its outcome is then
+        someone else's to write).
+        """
+        now = utcnow()
+        values: dict[str, Any] = {"last_error": format_error(error), "locked_until": None}
+        if claimed.attempts < claimed.max_attempts:
+            values.update(status=TaskStatus.QUEUED, run_at=now + self.retry_delay(claimed))
+        else:
+            values.update(status=TaskStatus.FAILED, finished_at=now)
+        return self._finish(claimed, values, now)
+
+    def release(self, claimed: ClaimedTask) -> bool:
+        """Give a task back unrun (shutting down): QUEUED again, the attempt not counted."""
+        now = utcnow()
+        values = {
+            "status": TaskStatus.QUEUED,
+            "attempts": self.table.c.attempts - 1,
+            "locked_until": None,
+        }
+        return self._finish(claimed, values, now)
+
+    def extend_leases(self, claimed: Sequence[ClaimedTask]) -> set[int]:
+        """Renew the lease of each task still held; return the ids renewed (the worker's heartbeat)."""
+        if not claimed:
+            return set()
+        now = utcnow()
+        with self._database_errors():
+            return self.strategy.extend(self.engine, self.table, claimed, now + self.lease, now)
+
+    def _finish(self, claimed: ClaimedTask, values: dict[str, Any], now: datetime) -> bool:
+        if not isinstance(claimed, ClaimedTask):
+            raise TypeError(f"expected the ClaimedTask returned by claim(), got {claimed!r}")
+        with self._database_errors():
+            return self.strategy.finish(self.engine, self.table, claimed, values, now)
+
+    def retry_delay(self, claimed: ClaimedTask) -> timedelta:
+        """``retry_delay * 2**(attempts-1)``, plus up to 25% jitter, capped at ``max_retry_delay``."""
+        registered = self._tasks.get(claimed.name)
+        base = registered.options.retry_delay if registered else DEFAULT_RETRY_DELAY
+        exponent = min(max(claimed.attempts - 1, 0), 32)
+        delay = base * (2**exponent) * random.uniform(1.0, 1.25)
+        return min(delay, self.max_retry_delay)
+
+    def cancel(self, task_id: int) -> bool:
+        """Cancel a queued task so that it is never claimed; False if it is not queued."""
+        now = utcnow()
+        table = self.table
+        with self._database_errors(), self.strategy.transaction(self.engine) as conn:
+            result = conn.execute(
+                update(table)
+                .where(table.c.id == task_id, table.c.status == TaskStatus.QUEUED)
+                .values(status=TaskStatus.CANCELLED, finished_at=now)
+            )
+        return result.rowcount == 1
+
+    # Worker ----------------------------------------------------------------
+
+    def run_worker(
+        self,
+        *,
+        concurrency: int = 1,
+        queues: Sequence[str] | None = None,
+        burst: bool = False,
+        poll_interval: float = 1.0,
+    ) -> Worker:
+        """Run a worker in this thread until stopped (or, with ``burst``, until nothing is due)."""
+        from sa_taskqueue.worker import Worker
+
+        worker = Worker(
+            self, concurrency=concurrency, queues=queues, burst=burst, poll_interval=poll_interval
+        )
+        worker.run()
+        return worker
+
+    def close(self) -> None:
+        """Release what the strategy holds (advisory locks) and the engine's idle connections."""
+        if self._strategy is not None:
+            self._strategy.close()
+
+    # Errors ----------------------------------------------------------------
+
+    @contextmanager
+    def _database_errors(self) -> Iterator[None]:
+        """Translate driver errors that mean "no database" or "no table" into ours."""
+        try:
+            yield
+        except sa_exc.DBAPIError as error:
+            if error.connection_invalidated or isinstance(error, sa_exc.InterfaceError):
+                raise DatabaseUnavailable(f"lost the database connection: {error.orig}") from error
+            if isinstance(error, sa_exc.OperationalError | sa_exc.ProgrammingError) and not self._table_exists():
+                raise SchemaMissing(
+                    f"the task table {self.table.name!r} does not exist: "
+                    "run `python -m sa_taskqueue migrate` (or `alembic upgrade head`)"
+                ) from error
+            raise
+
+    def _table_exists(self) -> bool:
+        try:
+            return inspect(self.engine).has_table(self.table.name, schema=self.table.schema)
+        except sa_exc.DBAPIError:
+            return True  # cannot tell; let the original error speak
+
+
+def _engine_of(bind: Engine | sessionmaker[Session]) -> Engine:
+    if isinstance(bind, Engine):
+        return bind
+    if isinstance(bind, sessionmaker):
+        engine = bind.kw.get("bind")
+        if isinstance(engine, Engine):
+            return engine
+        raise TypeError("the sessionmaker passed as bind is not bound to an Engine")
+    raise TypeError(f"bind must be an Engine or a sessionmaker, got {type(bind).__name__}")
+
+
+def _check_params(params: Any) -> None:
+    if not isinstance(params, dict):
+        raise TypeError(f"params must be a dict, got {type(params).__name__}")
+    for key in params:
+        if not isinstance(key, str):
+            raise TypeError(f"params keys must be strings (they become keyword arguments), got {key!r}")
+    try:
+        json.dumps(params, allow_nan=False)
+    except (TypeError, ValueError) as error:
+        raise TypeError(f"params must be JSON-serialisable: {error}") from error
+
+
+def _check_queue_name(queue: Any) -> None:
+    from sa_taskqueue.model import QUEUE_LENGTH
+
+    if not isinstance(queue, str) or not queue or len(queue) > QUEUE_LENGTH:
+        raise ValueError(f"queue must be a non-empty string of at most {QUEUE_LENGTH} characters, got {queue!r}")
+
+
+def _check_int(argument: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{argument} must be an integer, got {value!r}")
+
+
+def _check_max_attempts(value: Any) -> None:
+    _check_int("max_attempts", value)
+    if value < 1:
+        raise ValueError(f"max_attempts must be at least 1, got {value!r}")
+
+
+def format_error(error: BaseException | str) -> str:
+    """The exception's type, message and traceback, shortened in the middle if very long."""
+    if isinstance(error, BaseException):
+        text = "".join(traceback.format_exception(error))
+    else:
+        text = str(error)
+    if len(text) > MAX_ERROR_LENGTH:
+        half = MAX_ERROR_LENGTH // 2
+        text = f"{text[:half]}\n... [{len(text) - MAX_ERROR_LENGTH} characters cut] ...\n{text[-half:]}"
+    return text

@@ -1,0 +1,57 @@
+"""`RegisteredTask`: a function the queue may run, with the defaults it is enqueued with."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+    from sa_taskqueue.model import TaskMixin
+    from sa_taskqueue.queue import TaskQueue
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class TaskOptions:
+    """The defaults ``@queue.task`` gives every enqueue of one function."""
+
+    queue: str
+    priority: int
+    max_attempts: int
+    retry_delay: timedelta
+
+
+class RegisteredTask(Generic[P, R]):
+    """A function registered with a `TaskQueue`.
+
+    Calling it runs the function here and now, as if it were not decorated;
+    ``.enqueue(session, **params)`` queues a run for a worker instead.  Only
+    functions registered this way are ever run by a worker: a task row names
+    a registration, never an importable path.
+    """
+
+    def __init__(
+        self, queue: TaskQueue, func: Callable[P, R], name: str, options: TaskOptions
+    ) -> None:
+        self.queue = queue
+        self.func = func
+        self.name = name
+        self.options = options
+        functools.update_wrapper(self, func)
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        return self.func(*args, **kwargs)
+
+    def enqueue(self, session: Session, /, **params: Any) -> TaskMixin:
+        """Add a run of this task with ``params`` to ``session`` (flushed, not committed)."""
+        return self.queue.enqueue(session, self.name, params)
+
+    def __repr__(self) -> str:
+        return f"<RegisteredTask {self.name!r}>"

@@ -1,0 +1,258 @@
+"""Claim with advisory locks: PostgreSQL ``pg_try_advisory_lock``, MySQL/MariaDB ``GET_LOCK``.
+
+A claimed task is owned by a session-level advisory lock held, for the whole
+run of the task, on a connection kept open for it.  When the worker process
+dies its connection closes, the server drops the lock at once, and the next
+recovery pass gives the task back without waiting for the lease.
+
+A lock function placed in a WHERE clause may be evaluated on more rows than the
+LIMIT lets through, leaving locks nobody knows they hold.  So candidates are
+read first without locks, and each lock is taken in a SELECT list, where
+every call is evaluated exactly once and its result seen; locks beyond the
+ones needed are released at once.
+"""
+
+from __future__ import annotations
+
+import threading
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import ColumnElement, Connection, Engine, Table, and_, func, select, update
+from sqlalchemy.engine import Dialect
+
+from sa_taskqueue.claimed import ClaimedTask
+from sa_taskqueue.model import TaskStatus
+from sa_taskqueue.strategies.base import (
+    ClaimRequest,
+    ClaimStrategy,
+    apply_claim,
+    claim_order,
+    claimed_values,
+    due_clause,
+    orphan_values,
+)
+
+WORKER_LOST_ERROR = "worker lost: its connection closed while the task was running"
+
+#: How many running rows one recovery pass examines.
+RECOVERY_BATCH = 500
+
+
+class AdvisoryLocks:
+    """The lock functions of one dialect, keyed by (table, task id)."""
+
+    def __init__(self, dialect: Dialect, table: Table) -> None:
+        self.postgresql = dialect.name == "postgresql"
+        digest = zlib.crc32(f"sa_taskqueue:{table.name}".encode())
+        # PostgreSQL's two-key form takes two int4s: the table's namespace and
+        # the id's low 32 bits.  Ids 2**32 apart share a lock, which can only
+        # make one wait for the other, never let two workers hold one task.
+        self.namespace = _int4(digest)
+        # MySQL lock names are at most 64 characters.
+        self.prefix = f"sa_taskqueue:{digest:08x}:"
+
+    def _lock_call(self, task_id: int) -> ColumnElement[Any]:
+        if self.postgresql:
+            return func.pg_try_advisory_lock(self.namespace, _int4(task_id))
+        return func.get_lock(f"{self.prefix}{task_id}", 0)
+
+    def _unlock_call(self, task_id: int) -> ColumnElement[Any]:
+        if self.postgresql:
+            return func.pg_advisory_unlock(self.namespace, _int4(task_id))
+        return func.release_lock(f"{self.prefix}{task_id}")
+
+    def try_lock(self, conn: Connection, ids: Sequence[int]) -> list[int]:
+        """Try each lock once, without waiting; return the ids now locked by ``conn``, in order."""
+        if not ids:
+            return []
+        results = conn.execute(select(*(self._lock_call(task_id) for task_id in ids))).one()
+        # GET_LOCK answers 1, 0, or NULL on error; pg_try_advisory_lock a boolean.
+        return [task_id for task_id, got in zip(ids, results, strict=True) if got in (True, 1)]
+
+    def unlock(self, conn: Connection, ids: Sequence[int]) -> None:
+        if ids:
+            conn.execute(select(*(self._unlock_call(task_id) for task_id in ids))).one()
+
+
+@dataclass
+class _Holder:
+    """A connection holding the advisory locks of tasks still running."""
+
+    conn: Connection
+    locks: AdvisoryLocks
+    task_ids: set[int]
+    mutex: threading.Lock = field(default_factory=threading.Lock)
+
+
+class AdvisoryLockStrategy(ClaimStrategy):
+    """A session-level advisory lock per running task, on a connection held for the run."""
+
+    name = "advisory_lock"
+
+    def __init__(self) -> None:
+        self._holders: dict[int, _Holder] = {}
+        self._holders_mutex = threading.Lock()
+
+    @classmethod
+    def unsupported_reason(cls, dialect: Dialect) -> str | None:
+        if dialect.name in ("postgresql", "mysql"):
+            return None
+        return (
+            f"advisory_lock needs PostgreSQL (pg_try_advisory_lock) or MySQL/MariaDB (GET_LOCK); "
+            f"the {dialect.name!r} dialect has no advisory locks"
+        )
+
+    def recovery_interval(self, lease: timedelta) -> timedelta:
+        # A free lock is proof its worker is gone: recover on every claim.
+        return timedelta(0)
+
+    def claim(self, engine: Engine, table: Table, request: ClaimRequest) -> list[dict[str, Any]]:
+        locks = AdvisoryLocks(engine.dialect, table)
+        # Autocommit: every statement commits on its own, so nothing but the
+        # advisory locks stays held on this connection while the tasks run.
+        conn = engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        try:
+            candidates = list(
+                conn.scalars(
+                    select(table.c.id)
+                    .where(due_clause(table, request))
+                    .order_by(*claim_order(table))
+                    .limit(request.limit * 2 + 8)
+                )
+            )
+            locked = locks.try_lock(conn, candidates)
+            wanted, surplus = locked[: request.limit], locked[request.limit :]
+            locks.unlock(conn, surplus)
+            rows = self._mark_running(conn, table, request, wanted) if wanted else []
+            claimed_ids = {row["id"] for row in rows}
+            # A candidate can have been claimed and finished by another worker
+            # between our read and our lock; the re-check in the UPDATE left it.
+            locks.unlock(conn, [task_id for task_id in wanted if task_id not in claimed_ids])
+        except BaseException:
+            # Closing the DBAPI connection is the one sure way to drop every
+            # session lock it may hold; a pooled connection would keep them.
+            conn.invalidate()
+            conn.close()
+            raise
+        if not rows:
+            conn.close()
+            return []
+        holder = _Holder(conn=conn, locks=locks, task_ids=set(claimed_ids))
+        with self._holders_mutex:
+            for task_id in claimed_ids:
+                self._holders[task_id] = holder
+        return rows
+
+    def _mark_running(
+        self, conn: Connection, table: Table, request: ClaimRequest, ids: list[int]
+    ) -> list[dict[str, Any]]:
+        # Holding the lock, re-check that each row is still queued and due.
+        claim = (
+            update(table)
+            .where(table.c.id.in_(ids), due_clause(table, request))
+            .values(**claimed_values(table, request))
+        )
+        if conn.dialect.update_returning:
+            return [dict(row) for row in conn.execute(claim.returning(*table.c)).mappings()]
+        # MySQL and MariaDB have no UPDATE ... RETURNING.  We hold these rows'
+        # locks, so the rows we just marked are exactly those now running
+        # under our worker id.
+        conn.execute(claim)
+        rows = conn.execute(
+            select(table).where(
+                table.c.id.in_(ids),
+                table.c.status == TaskStatus.RUNNING,
+                table.c.locked_by == request.worker_id,
+            )
+        ).mappings()
+        return [dict(row) for row in rows]
+
+    def holds(self, table: Table, task: ClaimedTask, now: datetime) -> ColumnElement[bool]:
+        # The advisory lock, not the lease, says who owns the task: the row is
+        # ours while it is still this claim's, however long the task runs.
+        return and_(
+            table.c.id == task.id,
+            table.c.status == TaskStatus.RUNNING,
+            table.c.locked_by == task.locked_by,
+            table.c.attempts == task.attempts,
+        )
+
+    def finish(
+        self, engine: Engine, table: Table, task: ClaimedTask, values: Any, now: datetime
+    ) -> bool:
+        with self._holders_mutex:
+            holder = self._holders.pop(task.id, None)
+        if holder is None:
+            # Not claimed through this strategy object (or already finished).
+            return super().finish(engine, table, task, values, now)
+        with holder.mutex:
+            try:
+                result = holder.conn.execute(
+                    update(table).where(self.holds(table, task, now)).values(**values)
+                )
+                holder.locks.unlock(holder.conn, [task.id])
+            except BaseException:
+                self._drop(holder)
+                raise
+            holder.task_ids.discard(task.id)
+            if not holder.task_ids:
+                holder.conn.close()
+        return result.rowcount == 1
+
+    def recover(self, engine: Engine, table: Table, now: datetime) -> int:
+        """Give back running tasks whose lock is free: their worker's connection is gone."""
+        locks = AdvisoryLocks(engine.dialect, table)
+        conn = engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        try:
+            running = list(
+                conn.scalars(
+                    select(table.c.id)
+                    .where(table.c.status == TaskStatus.RUNNING)
+                    .order_by(table.c.id)
+                    .limit(RECOVERY_BATCH)
+                )
+            )
+            with self._holders_mutex:
+                running = [task_id for task_id in running if task_id not in self._holders]
+            orphans = locks.try_lock(conn, running)
+            recovered = 0
+            if orphans:
+                result = conn.execute(
+                    update(table)
+                    .where(table.c.id.in_(orphans), table.c.status == TaskStatus.RUNNING)
+                    .values(**orphan_values(table, now, WORKER_LOST_ERROR))
+                )
+                recovered = result.rowcount
+                locks.unlock(conn, orphans)
+        except BaseException:
+            conn.invalidate()
+            raise
+        finally:
+            conn.close()
+        return recovered
+
+    def close(self) -> None:
+        """Drop every lock this strategy holds; the recovery pass then gives those tasks back."""
+        with self._holders_mutex:
+            holders = {id(holder): holder for holder in self._holders.values()}
+            self._holders.clear()
+        for holder in holders.values():
+            self._drop(holder)
+
+    def _drop(self, holder: _Holder) -> None:
+        with self._holders_mutex:
+            for task_id in holder.task_ids:
+                self._holders.pop(task_id, None)
+        holder.task_ids.clear()
+        holder.conn.invalidate()
+        holder.conn.close()
+
+
+def _int4(value: int) -> int:
+    """The low 32 bits of ``value`` as a signed int4."""
+    value &= 0xFFFFFFFF
+    return value - 0x1_0000_0000 if value >= 0x8000_0000 else value

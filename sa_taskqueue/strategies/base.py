@@ -1,0 +1,216 @@
+"""The claim-strategy contract, and the lease bookkeeping every strategy shares.
+
+A strategy knows one way of handing a due task to exactly one worker.  The
+queue is its only caller; it passes the engine, the task table and a
+`ClaimRequest`, and gets plain rows back.  Everything here is Core SQL on the
+table, so one strategy serves `Task` and any application table mapped with
+`TaskMixin` alike.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, ClassVar
+
+from sqlalchemy import ColumnElement, Connection, Engine, Table, and_, case, literal, select, update
+from sqlalchemy.engine import Dialect
+
+from sa_taskqueue.claimed import ClaimedTask
+from sa_taskqueue.model import TaskStatus
+from sa_taskqueue.types import UTCDateTime
+
+LEASE_EXPIRED_ERROR = "lease expired: the worker holding this task stopped renewing it (crashed or lost)"
+
+
+@dataclass(frozen=True)
+class ClaimRequest:
+    """What a claim asks for: how many tasks, from which queues, for whom, and until when."""
+
+    limit: int
+    queues: tuple[str, ...] | None
+    worker_id: str
+    now: datetime
+    lease_until: datetime
+
+
+class ClaimStrategy(ABC):
+    """How workers take tasks without two of them ever holding the same one.
+
+    Each method runs its own short transaction on connections from the given
+    engine and never touches an application's session.
+    """
+
+    #: The registered name (``"skip_locked"``, ``"conditional_update"``, ``"advisory_lock"``).
+    name: ClassVar[str]
+
+    @classmethod
+    def unsupported_reason(cls, dialect: Dialect) -> str | None:
+        """Why this strategy cannot run on ``dialect``, or None when it can.
+
+        Called before the first connect, so only ``dialect.name`` is reliable;
+        version checks belong in `check_server`.
+        """
+        return None
+
+    def check_server(self, dialect: Dialect) -> None:
+        """Raise `StrategyError` if the connected server's version cannot run this strategy."""
+
+    def recovery_interval(self, lease: timedelta) -> timedelta:
+        """How often the queue looks for tasks of workers that are gone.
+
+        A lease-based strategy can only act once a lease has run out, so a
+        quarter of the lease (at most ten seconds) keeps recovery prompt
+        without a query on every claim.
+        """
+        return min(lease / 4, timedelta(seconds=10))
+
+    def prepare(self, engine: Engine) -> None:
+        """Set up ``engine`` once before the first claim (connection settings the strategy relies on)."""
+
+    @abstractmethod
+    def claim(self, engine: Engine, table: Table, request: ClaimRequest) -> list[dict[str, Any]]:
+        """Mark up to ``request.limit`` due queued tasks RUNNING for ``request.worker_id`` and commit.
+
+        Returns the claimed rows as they are after the claim (status running,
+        attempts incremented, started_at, locked_by and locked_until set), in
+        any order.  No row is returned to two concurrent callers.
+        """
+
+    def finish(
+        self, engine: Engine, table: Table, task: ClaimedTask, values: Mapping[str, Any], now: datetime
+    ) -> bool:
+        """Write ``values`` to the task if ``task``'s claim still holds it; True if it did.
+
+        Used for every transition out of RUNNING (completed, failed, retried,
+        given back), so one ownership test guards them all.
+        """
+        with self.transaction(engine) as conn:
+            result = conn.execute(
+                update(table).where(self.holds(table, task, now)).values(**values)
+            )
+        return result.rowcount == 1
+
+    def extend(
+        self, engine: Engine, table: Table, tasks: Sequence[ClaimedTask], until: datetime, now: datetime
+    ) -> set[int]:
+        """Move the lease of each still-held task in ``tasks`` to ``until``; return the ids extended."""
+        extended: set[int] = set()
+        with self.transaction(engine) as conn:
+            for task in tasks:
+                result = conn.execute(
+                    update(table).where(self.holds(table, task, now)).values(locked_until=until)
+                )
+                if result.rowcount == 1:
+                    extended.add(task.id)
+        return extended
+
+    def holds(self, table: Table, task: ClaimedTask, now: datetime) -> ColumnElement[bool]:
+        """The condition under which ``task``'s claim still owns its row: same claim, lease not over."""
+        return and_(
+            table.c.id == task.id,
+            table.c.status == TaskStatus.RUNNING,
+            table.c.locked_by == task.locked_by,
+            table.c.attempts == task.attempts,
+            table.c.locked_until > now,
+        )
+
+    def recover(self, engine: Engine, table: Table, now: datetime) -> int:
+        """Give back tasks whose worker is gone; return how many.
+
+        Here that means running tasks whose lease ended before ``now``: they go
+        back to QUEUED, or to FAILED when they have used all their attempts
+        (the lost run counted as one).
+        """
+        with self.transaction(engine) as conn:
+            expired = select(table.c.id).where(
+                table.c.status == TaskStatus.RUNNING, table.c.locked_until < now
+            )
+            ids = list(conn.scalars(self.lock_rows(conn, expired)))
+            if not ids:
+                return 0
+            result = conn.execute(
+                update(table)
+                .where(
+                    table.c.id.in_(ids),
+                    table.c.status == TaskStatus.RUNNING,
+                    table.c.locked_until < now,
+                )
+                .values(**orphan_values(table, now, LEASE_EXPIRED_ERROR))
+            )
+            return result.rowcount
+
+    def lock_rows(self, conn: Connection, query: Any) -> Any:
+        """Turn a SELECT of rows this transaction will update into one safe to run concurrently."""
+        return query
+
+    def close(self) -> None:
+        """Release whatever the strategy holds (connections, locks)."""
+
+    @contextmanager
+    def transaction(self, engine: Engine) -> Iterator[Connection]:
+        """A connection in a transaction that commits on success and rolls back on error."""
+        with engine.begin() as conn:
+            yield conn
+
+
+def due_clause(table: Table, request: ClaimRequest) -> ColumnElement[bool]:
+    """Queued, due, and (when asked) in one of the requested queues."""
+    clause = and_(table.c.status == TaskStatus.QUEUED, table.c.run_at <= request.now)
+    if request.queues is not None:
+        clause = and_(clause, table.c.queue.in_(request.queues))
+    return clause
+
+
+def claim_order(table: Table) -> tuple[Any, ...]:
+    """Smaller priority first, then earlier run_at, then older id: the order the claim index holds."""
+    return (table.c.priority, table.c.run_at, table.c.id)
+
+
+def claimed_values(table: Table, request: ClaimRequest) -> dict[str, Any]:
+    """The columns a claim sets, as SQL (attempts is incremented in the database)."""
+    return {
+        "status": TaskStatus.RUNNING,
+        "attempts": table.c.attempts + 1,
+        "started_at": request.now,
+        "locked_by": request.worker_id,
+        "locked_until": request.lease_until,
+    }
+
+
+def apply_claim(row: Mapping[str, Any], request: ClaimRequest) -> dict[str, Any]:
+    """A row read before the claim's UPDATE, as it is after it (for dialects without RETURNING)."""
+    claimed = dict(row)
+    claimed.update(
+        status=TaskStatus.RUNNING,
+        attempts=row["attempts"] + 1,
+        started_at=request.now,
+        locked_by=request.worker_id,
+        locked_until=request.lease_until,
+    )
+    return claimed
+
+
+def orphan_values(table: Table, now: datetime, reason: str) -> dict[str, Any]:
+    """A running task whose worker is gone: back to queued, or failed if out of attempts."""
+    out_of_attempts = table.c.attempts >= table.c.max_attempts
+    return {
+        "status": case((out_of_attempts, TaskStatus.FAILED.value), else_=TaskStatus.QUEUED.value),
+        "finished_at": case((out_of_attempts, literal(now, UTCDateTime())), else_=None),
+        "last_error": reason,
+        "locked_until": None,
+    }
+
+
+__all__ = [
+    "ClaimRequest",
+    "ClaimStrategy",
+    "apply_claim",
+    "claim_order",
+    "claimed_values",
+    "due_clause",
+    "orphan_values",
+]

@@ -1,0 +1,172 @@
+"""Claim with ``SELECT ... FOR UPDATE SKIP LOCKED``: PostgreSQL, MySQL 8, MariaDB 10.6+, Oracle.
+
+Concurrent claimers each lock a different set of due rows and skip the rows
+another claimer has locked, so they never wait on each other and never take
+the same row.  The lock lasts only for the claim's short transaction; after
+that the lease (``locked_by``/``locked_until``) is what says who holds a task.
+
+SQLAlchemy renders the locking clause for each dialect, but three dialects
+need a differently shaped claim around it; each branch below says why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy import Connection, Engine, Select, Table, select, update
+from sqlalchemy.engine import Dialect
+
+from sa_taskqueue.exceptions import StrategyError
+from sa_taskqueue.strategies.base import (
+    ClaimRequest,
+    ClaimStrategy,
+    apply_claim,
+    claim_order,
+    claimed_values,
+    due_clause,
+)
+
+
+class SkipLockedStrategy(ClaimStrategy):
+    """Row locks taken with SKIP LOCKED for the length of the claim, then a lease."""
+
+    name = "skip_locked"
+
+    @classmethod
+    def unsupported_reason(cls, dialect: Dialect) -> str | None:
+        if dialect.name == "sqlite":
+            return (
+                "SQLite has no row locks (it drops FOR UPDATE when compiling), "
+                "so skip_locked cannot run there; use conditional_update"
+            )
+        if dialect.name not in ("postgresql", "mysql", "oracle"):
+            return f"skip_locked has not been written for the {dialect.name!r} dialect"
+        return None
+
+    def check_server(self, dialect: Dialect) -> None:
+        version = dialect.server_version_info or ()
+        if dialect.name == "mysql":
+            mariadb = getattr(dialect, "is_mariadb", False)
+            needed = (10, 6) if mariadb else (8, 0, 1)
+            if tuple(version) < needed:
+                server = "MariaDB" if mariadb else "MySQL"
+                raise StrategyError(
+                    f"{server} {'.'.join(map(str, version))} has no SKIP LOCKED "
+                    f"(needs {'.'.join(map(str, needed))}+); use conditional_update"
+                )
+
+    def claim(self, engine: Engine, table: Table, request: ClaimRequest) -> list[dict[str, Any]]:
+        dialect = engine.dialect
+        if dialect.name == "postgresql":
+            return self._claim_in_one_statement(engine, table, request)
+        if dialect.name == "oracle":
+            return self._claim_from_unbounded_cursor(engine, table, request)
+        return self._claim_then_update(engine, table, request)
+
+    # PostgreSQL ---------------------------------------------------------------
+
+    def one_statement_claim(self, table: Table, request: ClaimRequest) -> Any:
+        """The PostgreSQL claim: lock in a CTE, ``UPDATE ... FROM`` it, ``RETURNING`` the rows.
+
+        A CTE is evaluated once, so the LIMIT holds.  The tempting
+        ``UPDATE ... WHERE id IN (SELECT ... LIMIT n FOR UPDATE SKIP LOCKED)``
+        lets the planner re-run the subquery (on a join or a recheck) and
+        claim more than n rows.
+        """
+        claimable = locking_select(table, request, table.c.id).limit(request.limit).cte("claimable")
+        return (
+            update(table)
+            .where(table.c.id == claimable.c.id)
+            .values(**claimed_values(table, request))
+            .returning(*table.c)
+        )
+
+    def _claim_in_one_statement(
+        self, engine: Engine, table: Table, request: ClaimRequest
+    ) -> list[dict[str, Any]]:
+        with self.transaction(engine) as conn:
+            rows = conn.execute(self.one_statement_claim(table, request)).mappings().all()
+        return [dict(row) for row in rows]
+
+    # MySQL and MariaDB --------------------------------------------------------
+
+    def _claim_then_update(
+        self, engine: Engine, table: Table, request: ClaimRequest
+    ) -> list[dict[str, Any]]:
+        # MySQL and MariaDB have no UPDATE ... RETURNING, and reject LIMIT inside
+        # an IN (...) subquery (error 1235), so the claim is two statements in
+        # one transaction: lock the whole rows, then update them by id.  The
+        # rows as claimed are computed from what was read, not read again.
+        with self.transaction(engine) as conn:
+            rows = conn.execute(locking_select(table, request, table).limit(request.limit)).mappings().all()
+            if rows:
+                conn.execute(
+                    update(table)
+                    .where(table.c.id.in_([row["id"] for row in rows]))
+                    .values(**claimed_values(table, request))
+                )
+        return [apply_claim(row, request) for row in rows]
+
+    # Oracle -------------------------------------------------------------------
+
+    def oracle_locking_select(self, table: Table, request: ClaimRequest) -> Select[Any]:
+        """The Oracle locking query: no row limit in the SQL at all.
+
+        Oracle raises ORA-02014 for FETCH FIRST with FOR UPDATE and for the
+        ROWNUM wrapper that ``select().limit().with_for_update()`` compiles to
+        there; ROWNUM would also be applied before SKIP LOCKED, returning
+        nothing when the first rows are locked; and SQLAlchemy drops FOR UPDATE
+        inside a subquery on Oracle.  Oracle locks a SKIP LOCKED cursor's rows
+        as they are fetched, so the claim fetches ``limit`` rows from this
+        unbounded cursor and locks just those.
+        """
+        return locking_select(table, request, table.c.id)
+
+    def _claim_from_unbounded_cursor(
+        self, engine: Engine, table: Table, request: ClaimRequest
+    ) -> list[dict[str, Any]]:
+        with self.transaction(engine) as conn:
+            cursor = conn.execution_options(yield_per=request.limit).execute(
+                self.oracle_locking_select(table, request)
+            )
+            ids = [row[0] for row in cursor.fetchmany(request.limit)]
+            cursor.close()
+            if not ids:
+                return []
+            conn.execute(
+                update(table).where(table.c.id.in_(ids)).values(**claimed_values(table, request))
+            )
+            rows = conn.execute(select(table).where(table.c.id.in_(ids))).mappings().all()
+        return [dict(row) for row in rows]
+
+    # Shared -------------------------------------------------------------------
+
+    def lock_rows(self, conn: Connection, query: Any) -> Any:
+        return query.with_for_update(skip_locked=True)
+
+    @contextmanager
+    def transaction(self, engine: Engine) -> Iterator[Connection]:
+        if engine.dialect.name != "mysql":
+            with engine.begin() as conn:
+                yield conn
+            return
+        # Under MySQL's default REPEATABLE READ a locking read also takes gap
+        # locks on the index range it walked, which block enqueues into that
+        # range and deadlock concurrent claimers; READ COMMITTED locks only
+        # the rows it returns.
+        with engine.connect() as conn:
+            conn = conn.execution_options(isolation_level="READ COMMITTED")
+            with conn.begin():
+                yield conn
+
+
+def locking_select(table: Table, request: ClaimRequest, *columns: Any) -> Select[Any]:
+    """Due rows in claim order, locked with SKIP LOCKED; the caller adds a LIMIT where the dialect allows."""
+    return (
+        select(*columns)
+        .where(due_clause(table, request))
+        .order_by(*claim_order(table))
+        .with_for_update(skip_locked=True)
+    )
