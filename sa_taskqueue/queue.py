@@ -209,7 +209,7 @@ class TaskQueue:
         """
         task = self._new_task(name, params, queue, priority, run_at, max_attempts)
         session.add(task)
-        session.flush([task])
+        session.flush()
         return task
 
     def enqueue_many(
@@ -230,7 +230,7 @@ class TaskQueue:
         ]
         session.add_all(tasks)
         if tasks:
-            session.flush(tasks)
+            session.flush()
         return tasks
 
     def _new_task(

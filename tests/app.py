@@ -1,0 +1,143 @@
+"""A small application the tests run: its own table of executions, its tasks, and worker entry points.
+
+Tasks record each execution in ``test_execution`` in a transaction of their
+own, so "ran exactly once" is checked from what the task itself committed,
+not from the queue's bookkeeping.  Run as ``python -m tests.app ...`` it is a
+worker process for the race and crash tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import sqlalchemy as sa
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+
+import sa_taskqueue as tq
+
+
+class AppBase(DeclarativeBase):
+    pass
+
+
+class Execution(AppBase):
+    """One run of a task, written by the task itself."""
+
+    __tablename__ = "test_execution"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    task_key: Mapped[int] = mapped_column(index=True)
+    pid: Mapped[int]
+    note: Mapped[str] = mapped_column(sa.String(50), default="")
+
+
+def make_engine(url: str) -> sa.Engine:
+    return sa.create_engine(url, pool_size=10, max_overflow=20)
+
+
+def make_queue(engine: sa.Engine, strategy: str | None, lease: timedelta) -> tq.TaskQueue:
+    """The test application's queue with its tasks registered."""
+    queue = tq.TaskQueue(engine, strategy=strategy, lease=lease)
+
+    @queue.task(name="record")
+    def record(key: int, sleep: float = 0.0) -> int:
+        if sleep:
+            time.sleep(sleep)
+        with Session(engine) as session:
+            session.add(Execution(task_key=key, pid=os.getpid()))
+            session.commit()
+        return key
+
+    @queue.task(name="hang")
+    def hang(key: int) -> None:
+        record(key)  # committed: the test sees the task has started
+        time.sleep(3600)
+
+    @queue.task(name="boom", retry_delay=timedelta(milliseconds=50))
+    def boom(message: str) -> None:
+        raise ValueError(message)
+
+    return queue
+
+
+def executions(engine: sa.Engine) -> dict[int, int]:
+    """task_key -> how many times it ran."""
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.select(Execution.task_key, sa.func.count()).group_by(Execution.task_key)
+        ).all()
+    return {key: count for key, count in rows}
+
+
+def _race(args: argparse.Namespace) -> None:
+    """Claim and run until the queue is empty, after the start signal; print what we ran."""
+    engine = make_engine(args.url)
+    queue = make_queue(engine, args.strategy, timedelta(seconds=args.lease))
+    queue.strategy  # noqa: B018 - connect and resolve before the start line
+    Path(args.ready).touch()
+    while not Path(args.go).exists():
+        time.sleep(0.01)
+    ran = 0
+    empty = 0
+    while empty < 3:
+        claimed = queue.claim(limit=args.batch)
+        if not claimed:
+            empty += 1
+            time.sleep(0.05)
+            continue
+        empty = 0
+        for task in claimed:
+            registered = queue.registered(task.name)
+            assert registered is not None
+            result = registered.func(**task.params)
+            if not queue.complete(task, result):
+                raise RuntimeError(f"lost the lease of task {task.id}")
+            ran += 1
+    queue.close()
+    print(json.dumps({"pid": os.getpid(), "ran": ran}))
+
+
+def _run_one(args: argparse.Namespace) -> None:
+    """Claim one task and run it (the crash test kills us in the middle)."""
+    engine = make_engine(args.url)
+    queue = make_queue(engine, args.strategy, timedelta(seconds=args.lease))
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        claimed = queue.claim(limit=1)
+        if claimed:
+            task = claimed[0]
+            registered = queue.registered(task.name)
+            assert registered is not None
+            registered.func(**task.params)
+            queue.complete(task)
+            return
+        time.sleep(0.05)
+    sys.exit("nothing to claim")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers(required=True)
+    race = sub.add_parser("race")
+    race.add_argument("--ready", required=True)
+    race.add_argument("--go", required=True)
+    race.add_argument("--batch", type=int, default=1)
+    race.set_defaults(run=_race)
+    one = sub.add_parser("run-one")
+    one.set_defaults(run=_run_one)
+    for p in (race, one):
+        p.add_argument("--url", required=True)
+        p.add_argument("--strategy", required=True)
+        p.add_argument("--lease", type=float, default=300.0)
+    args = parser.parse_args()
+    args.run(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,193 @@
+"""Claiming: order, due time, leases, and the outcomes only the holder may write."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime, timedelta
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+import sa_taskqueue as tq
+
+
+def enqueue(task_queue: tq.TaskQueue, engine: sa.Engine, count: int, **options: object) -> list[int]:
+    with Session(engine) as session:
+        tasks = [task_queue.enqueue(session, "record", {"key": n}, **options) for n in range(count)]  # type: ignore[arg-type]
+        session.commit()
+        return [task.id for task in tasks]
+
+
+def load(engine: sa.Engine, task_id: int) -> tq.Task:
+    with Session(engine) as session:
+        task = session.get(tq.Task, task_id)
+        assert task is not None
+        session.expunge(task)
+        return task
+
+
+def wait_for_claim(queue: tq.TaskQueue, seconds: float, **kwargs: object) -> list[tq.ClaimedTask]:
+    """Claim until something comes back, for at most ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        claimed = queue.claim(**kwargs)  # type: ignore[arg-type]
+        if claimed:
+            return claimed
+        time.sleep(0.05)
+    return []
+
+
+def test_claim_marks_the_task_running_under_a_lease(queue: tq.TaskQueue, engine: sa.Engine) -> None:
+    [task_id] = enqueue(queue, engine, 1)
+    before = datetime.now(UTC)
+    [claimed] = queue.claim(worker_id="worker-a")
+    assert isinstance(claimed, tq.ClaimedTask)
+    assert (claimed.id, claimed.name, claimed.params, claimed.attempts) == (task_id, "record", {"key": 0}, 1)
+    assert claimed.locked_by == "worker-a"
+    assert claimed.locked_until - claimed.started_at == queue.lease
+    row = load(engine, task_id)
+    assert row.status == tq.TaskStatus.RUNNING
+    assert row.attempts == 1
+    assert row.locked_by == "worker-a"
+    assert row.started_at is not None and row.started_at >= before - timedelta(seconds=1)
+    assert row.locked_until == claimed.locked_until
+    assert queue.claim() == [], "a running task is not claimed again while its lease holds"
+
+
+def test_claim_takes_at_most_limit_in_priority_then_run_at_then_id_order(
+    queue: tq.TaskQueue, engine: sa.Engine
+) -> None:
+    now = datetime.now(UTC) - timedelta(minutes=1)
+    with Session(engine) as session:
+        specs = [(5, 0), (1, 3), (1, 1), (-2, 9), (1, 1)]  # (priority, seconds after now)
+        ids = [
+            queue.enqueue(session, "record", {"key": n}, priority=p, run_at=now + timedelta(seconds=s)).id
+            for n, (p, s) in enumerate(specs)
+        ]
+        session.commit()
+    expected = [ids[3], ids[2], ids[4], ids[1]]
+    assert [task.id for task in queue.claim(limit=4)] == expected
+    assert [task.id for task in queue.claim(limit=4)] == [ids[0]]
+    assert queue.claim(limit=4) == []
+
+
+def test_a_task_is_not_claimed_before_run_at(queue: tq.TaskQueue, engine: sa.Engine) -> None:
+    soon = datetime.now(UTC) + timedelta(seconds=1.5)
+    with Session(engine) as session:
+        queue.enqueue(session, "record", {"key": 1}, run_at=soon)
+        session.commit()
+    assert queue.claim() == []
+    claimed = wait_for_claim(queue, 10)
+    assert len(claimed) == 1
+    assert datetime.now(UTC) >= soon
+
+
+def test_claim_only_from_the_queues_asked_for(queue: tq.TaskQueue, engine: sa.Engine) -> None:
+    [mail] = enqueue(queue, engine, 1, queue="mail")
+    [report] = enqueue(queue, engine, 1, queue="reports")
+    assert queue.claim(queues=["other"]) == []
+    assert [t.id for t in queue.claim(queues=["reports", "other"])] == [report]
+    assert [t.id for t in queue.claim(limit=5, queues=("mail",))] == [mail]
+
+
+def test_a_cancelled_task_is_never_claimed(queue: tq.TaskQueue, engine: sa.Engine) -> None:
+    first, second = enqueue(queue, engine, 2)
+    assert queue.cancel(first) is True
+    assert queue.cancel(first) is False, "only a queued task can be cancelled"
+    [claimed] = queue.claim(limit=5)
+    assert claimed.id == second
+    assert queue.cancel(second) is False, "a running task is not cancelled under its worker"
+    assert load(engine, first).status == tq.TaskStatus.CANCELLED
+    assert load(engine, first).finished_at is not None
+
+
+def test_complete_records_the_result(queue: tq.TaskQueue, engine: sa.Engine) -> None:
+    enqueue(queue, engine, 1)
+    [claimed] = queue.claim()
+    assert queue.complete(claimed, {"sent": True, "n": [1, 2]}) is True
+    row = load(engine, claimed.id)
+    assert row.status == tq.TaskStatus.COMPLETED
+    assert row.result == {"sent": True, "n": [1, 2]}
+    assert row.finished_at is not None and row.finished_at.utcoffset() == timedelta(0)
+    assert queue.complete(claimed) is False, "an outcome is written once"
+    with pytest.raises(TypeError, match="result"):
+        queue.complete(claimed, object())
+
+
+def test_failures_retry_with_growing_backoff_then_fail_with_the_traceback(
+    queue: tq.TaskQueue, engine: sa.Engine
+) -> None:
+    with Session(engine) as session:
+        task_id = queue.enqueue(session, "boom", {"message": "kaput"}, max_attempts=3).id
+        session.commit()
+    delays = []
+    for attempt in (1, 2, 3):
+        [claimed] = wait_for_claim(queue, 10)
+        assert (claimed.id, claimed.attempts) == (task_id, attempt)
+        try:
+            queue.registered("boom").func(**claimed.params)  # type: ignore[union-attr]
+        except ValueError as error:
+            failed_at = datetime.now(UTC)
+            assert queue.fail(claimed, error) is True
+        row = load(engine, task_id)
+        assert row.last_error is not None
+        assert "Traceback" in row.last_error and "ValueError: kaput" in row.last_error
+        if attempt < 3:
+            assert row.status == tq.TaskStatus.QUEUED
+            delays.append(row.run_at - failed_at)
+    assert row.status == tq.TaskStatus.FAILED
+    assert row.finished_at is not None
+    base = timedelta(milliseconds=50)  # the boom task's retry_delay
+    assert base * 0.9 <= delays[0] <= base * 1.25 + timedelta(milliseconds=20)
+    assert base * 2 * 0.9 <= delays[1] <= base * 2 * 1.25 + timedelta(milliseconds=20)
+    assert queue.claim() == []
+
+
+def test_a_string_error_is_kept_as_given(queue: tq.TaskQueue, engine: sa.Engine) -> None:
+    enqueue(queue, engine, 1, max_attempts=1)
+    [claimed] = queue.claim()
+    assert queue.fail(claimed, "upstream said no") is True
+    row = load(engine, claimed.id)
+    assert (row.status, row.last_error) == (tq.TaskStatus.FAILED, "upstream said no")
+
+
+@pytest.mark.parametrize("lease", [timedelta(seconds=1)])
+def test_a_worker_that_lost_its_task_cannot_overwrite_the_new_holders_outcome(
+    queue: tq.TaskQueue, engine: sa.Engine, strategy_name: str, lease: timedelta
+) -> None:
+    [task_id] = enqueue(queue, engine, 1)
+    [first] = queue.claim(worker_id="first")
+    if strategy_name == "advisory_lock":
+        # Advisory locks outlive any lease: the task is lost when the holder's
+        # lock goes, as when its connection drops.
+        queue.strategy.close()
+    else:
+        time.sleep(lease.total_seconds() + 0.1)
+    [second] = wait_for_claim(queue, 10, worker_id="second")
+    assert (second.id, second.attempts) == (task_id, 2)
+    assert queue.complete(first, "stale") is False
+    assert queue.fail(first, RuntimeError("stale")) is False
+    assert queue.extend_leases([first]) == set()
+    assert queue.complete(second, "fresh") is True
+    row = load(engine, task_id)
+    assert (row.status, row.result, row.locked_by) == (tq.TaskStatus.COMPLETED, "fresh", "second")
+
+
+@pytest.mark.parametrize("lease", [timedelta(seconds=2)])
+def test_extending_the_lease_keeps_the_task(queue: tq.TaskQueue, engine: sa.Engine, lease: timedelta) -> None:
+    enqueue(queue, engine, 1)
+    [claimed] = queue.claim()
+    for _ in range(3):
+        time.sleep(1)
+        assert queue.extend_leases([claimed]) == {claimed.id}
+    assert queue.claim() == [], "still held: its lease was renewed"
+    assert queue.complete(claimed) is True
+
+
+def test_release_gives_a_task_back_without_counting_the_attempt(queue: tq.TaskQueue, engine: sa.Engine) -> None:
+    enqueue(queue, engine, 1)
+    [claimed] = queue.claim()
+    assert queue.release(claimed) is True
+    [again] = queue.claim()
+    assert (again.id, again.attempts) == (claimed.id, 1)

@@ -1,0 +1,136 @@
+"""Real worker processes: racing for one table, and killed in the middle of a task."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+import sa_taskqueue as tq
+from tests.app import executions, make_queue
+from tests.backends import Backend
+
+ROOT = Path(__file__).resolve().parent.parent
+PROCESSES = 8
+TASKS = 2000
+
+
+def app_process(*args: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.app", *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_until(condition: object, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():  # type: ignore[operator]
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {seconds}s waiting for {what}")
+
+
+def status_counts(engine: sa.Engine) -> dict[str, int]:
+    with engine.connect() as conn:
+        rows = conn.execute(sa.select(tq.Task.status, sa.func.count()).group_by(tq.Task.status)).all()
+    return {str(status): count for status, count in rows}
+
+
+@pytest.mark.slow
+def test_eight_processes_run_every_task_exactly_once(
+    backend: Backend, engine: sa.Engine, strategy_name: str, tmp_path: Path
+) -> None:
+    # A small batch: several claimers compete for the same head rows on every
+    # claim, and each claim still takes more than one row.
+    batch = 3
+    queue = make_queue(engine, strategy_name, timedelta(minutes=5))
+    with Session(engine) as session:
+        queue.enqueue_many(session, "record", ({"key": n} for n in range(TASKS)))
+        session.commit()
+    go = tmp_path / "go"
+    procs = []
+    for n in range(PROCESSES):
+        ready = tmp_path / f"ready-{n}"
+        procs.append(
+            (
+                ready,
+                app_process(
+                    "race", "--url", backend.url, "--strategy", strategy_name,
+                    "--batch", str(batch), "--ready", str(ready), "--go", str(go),
+                ),
+            )
+        )
+    try:
+        wait_until(lambda: all(ready.exists() for ready, _ in procs), 120, "the workers to start")
+        go.touch()  # all start claiming at once
+        outputs = [proc.communicate(timeout=300) for _, proc in procs]
+    finally:
+        for _, proc in procs:
+            proc.kill()
+    for (_, proc), (out, err) in zip(procs, outputs, strict=True):
+        # A deadlock, "database is locked" or a lost lease would have ended the
+        # process with an exception.
+        assert proc.returncode == 0, err
+        assert "deadlock" not in err.lower() and "database is locked" not in err.lower(), err
+    ran = [json.loads(out)["ran"] for out, _ in outputs]
+    ran_per_task = executions(engine)
+    assert sorted(ran_per_task) == list(range(TASKS)), "every task ran"
+    assert set(ran_per_task.values()) == {1}, "no task ran twice"
+    assert sum(ran) == TASKS
+    assert sum(1 for n in ran if n > 0) >= 2, f"the processes really raced: {ran}"
+    assert status_counts(engine) == {"completed": TASKS}, "none is left"
+
+
+@pytest.mark.slow
+def test_a_task_of_a_killed_worker_is_claimed_again_and_completes(
+    backend: Backend, engine: sa.Engine, strategy_name: str
+) -> None:
+    # Advisory locks free a dead worker's task at once; the lease strategies
+    # wait for the lease, so theirs is short here and the advisory one long,
+    # to show it is not the lease that frees it.
+    advisory = strategy_name == "advisory_lock"
+    lease = timedelta(minutes=10) if advisory else timedelta(seconds=2)
+    queue = make_queue(engine, strategy_name, lease)
+    with Session(engine) as session:
+        task_id = queue.enqueue(session, "hang", {"key": 7}).id
+        session.commit()
+    worker = app_process("run-one", "--url", backend.url, "--strategy", strategy_name,
+                         "--lease", str(lease.total_seconds()))
+    try:
+        wait_until(lambda: executions(engine).get(7) == 1, 60, "the task to start")
+    finally:
+        worker.send_signal(signal.SIGKILL)
+        worker.wait(timeout=30)
+    assert worker.returncode == -signal.SIGKILL
+    killed_at = time.monotonic()
+    if not advisory:
+        assert queue.claim() == [], "the lease still holds right after the kill"
+    claimed: list[tq.ClaimedTask] = []
+    wait_until(lambda: claimed.extend(queue.claim()) or claimed, 30, "the task to be claimable again")
+    if advisory:
+        assert time.monotonic() - killed_at < lease.total_seconds()
+    else:
+        assert time.monotonic() - killed_at >= lease.total_seconds() - 0.5
+    [task] = claimed
+    assert (task.id, task.attempts) == (task_id, 2)
+    assert queue.complete(task, "second time lucky") is True
+    with Session(engine) as session:
+        row = session.get(tq.Task, task_id)
+        assert row is not None
+        assert (row.status, row.result) == (tq.TaskStatus.COMPLETED, "second time lucky")
+    queue.close()
