@@ -6,7 +6,7 @@ Where the database comes from, first match wins:
    (``sa_taskqueue.migrate.upgrade`` does this, and so can an application that
    runs our migrations inside its own transaction);
 2. the ``SA_TASKQUEUE_DATABASE_URL`` environment variable (the command line);
-3. ``sqlalchemy.url`` in the Alembic config (``-x``-less programmatic use).
+3. ``sqlalchemy.url`` in the Alembic config (an ini file, or ``migrate.alembic_config``).
 
 The history is recorded in ``sa_taskqueue_alembic_version``, never in the
 application's ``alembic_version``, so both histories can share one database.
@@ -21,8 +21,8 @@ from logging.config import fileConfig
 from typing import Any
 
 import sqlalchemy as sa
-
 from alembic import context, util
+
 from sa_taskqueue import metadata
 from sa_taskqueue.migrate import VERSION_TABLE, include_object, render_item
 

@@ -14,6 +14,7 @@ compare the migrated schema with the model using exactly the same rules as
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -78,7 +79,7 @@ def downgrade(url: str, revision: str = "base") -> None:
     _run(alembic.command.downgrade, url, revision)
 
 
-def _run(step: Any, url: str, revision: str) -> None:
+def _run(step: Callable[[Config, str], None], url: str, revision: str) -> None:
     # A connection of our own, handed to env.py through config.attributes, so
     # the `url` argument is the database migrated even when the environment
     # names another; one transaction, committed only if every step succeeded

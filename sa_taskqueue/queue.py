@@ -14,7 +14,7 @@ import traceback
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast, overload
 
 from sqlalchemy import Engine, Table, inspect, update
 from sqlalchemy import exc as sa_exc
@@ -94,9 +94,7 @@ class TaskQueue:
         elif isinstance(strategy, ClaimStrategy):
             cls = type(strategy)
         else:
-            raise TypeError(
-                f"strategy must be None, a strategy name or a ClaimStrategy, got {strategy!r}"
-            )
+            raise TypeError(f"strategy must be None, a strategy name or a ClaimStrategy, got {strategy!r}")
         reason = cls.unsupported_reason(self.engine.dialect)
         if reason is not None:
             raise StrategyError(reason)
@@ -225,8 +223,7 @@ class TaskQueue:
     ) -> list[TaskMixin]:
         """Add one task per params dict to ``session`` and flush them together; the caller commits."""
         tasks = [
-            self._new_task(name, params, queue, priority, run_at, max_attempts)
-            for params in params_list
+            self._new_task(name, params, queue, priority, run_at, max_attempts) for params in params_list
         ]
         session.add_all(tasks)
         if tasks:
@@ -262,7 +259,9 @@ class TaskQueue:
             if run_at.tzinfo is None or run_at.utcoffset() is None:
                 raise ValueError(f"run_at must be timezone-aware, got naive {run_at!r}")
         now = utcnow()
-        return self.model(
+        # The mixin declares no constructor; the mapped subclass gets the declarative one.
+        model = cast("Callable[..., TaskMixin]", self.model)
+        return model(
             name=name,
             params=params,
             queue=queue if queue is not None else options.queue,
@@ -319,8 +318,7 @@ class TaskQueue:
         )
         with self._database_errors():
             rows = strategy.claim(self.engine, self.table, request)
-        claimed = sorted((ClaimedTask.from_row(row) for row in rows), key=lambda t: t.sort_key)
-        return claimed
+        return sorted((ClaimedTask.from_row(row) for row in rows), key=lambda t: t.sort_key)
 
     def recover(self) -> int:
         """Give back tasks whose worker is gone (lease expired, or advisory lock free); return how many."""
@@ -398,7 +396,7 @@ class TaskQueue:
         registered = self._tasks.get(claimed.name)
         base = registered.options.retry_delay if registered else DEFAULT_RETRY_DELAY
         exponent = min(max(claimed.attempts - 1, 0), 32)
-        delay = base * (2**exponent) * random.uniform(1.0, 1.25)
+        delay = base * (1 << exponent) * random.uniform(1.0, 1.25)
         return min(delay, self.max_retry_delay)
 
     def cancel(self, task_id: int) -> bool:
@@ -447,7 +445,10 @@ class TaskQueue:
         except sa_exc.DBAPIError as error:
             if error.connection_invalidated or isinstance(error, sa_exc.InterfaceError):
                 raise DatabaseUnavailable(f"lost the database connection: {error.orig}") from error
-            if isinstance(error, sa_exc.OperationalError | sa_exc.ProgrammingError) and not self._table_exists():
+            if (
+                isinstance(error, sa_exc.OperationalError | sa_exc.ProgrammingError)
+                and not self._table_exists()
+            ):
                 raise SchemaMissing(
                     f"the task table {self.table.name!r} does not exist: "
                     "run `python -m sa_taskqueue migrate` (or `alembic upgrade head`)"
@@ -488,7 +489,9 @@ def _check_queue_name(queue: Any) -> None:
     from sa_taskqueue.model import QUEUE_LENGTH
 
     if not isinstance(queue, str) or not queue or len(queue) > QUEUE_LENGTH:
-        raise ValueError(f"queue must be a non-empty string of at most {QUEUE_LENGTH} characters, got {queue!r}")
+        raise ValueError(
+            f"queue must be a non-empty string of at most {QUEUE_LENGTH} characters, got {queue!r}"
+        )
 
 
 def _check_int(argument: str, value: Any) -> None:
@@ -504,10 +507,7 @@ def _check_max_attempts(value: Any) -> None:
 
 def format_error(error: BaseException | str) -> str:
     """The exception's type, message and traceback, shortened in the middle if very long."""
-    if isinstance(error, BaseException):
-        text = "".join(traceback.format_exception(error))
-    else:
-        text = str(error)
+    text = "".join(traceback.format_exception(error)) if isinstance(error, BaseException) else str(error)
     if len(text) > MAX_ERROR_LENGTH:
         half = MAX_ERROR_LENGTH // 2
         text = f"{text[:half]}\n... [{len(text) - MAX_ERROR_LENGTH} characters cut] ...\n{text[-half:]}"

@@ -37,9 +37,7 @@ class RegisteredTask(Generic[P, R]):
     a registration, never an importable path.
     """
 
-    def __init__(
-        self, queue: TaskQueue, func: Callable[P, R], name: str, options: TaskOptions
-    ) -> None:
+    def __init__(self, queue: TaskQueue, func: Callable[P, R], name: str, options: TaskOptions) -> None:
         self.queue = queue
         self.func = func
         self.name = name

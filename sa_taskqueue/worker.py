@@ -55,6 +55,7 @@ class Worker:
         self.worker_id = worker_id or queue.default_worker_id()
         self.processed = 0
         self.failed = 0
+        self._counts_lock = threading.Lock()
         self._stopping = threading.Event()
         self._running: dict[Future[None], ClaimedTask] = {}
         self._running_lock = threading.Lock()
@@ -132,7 +133,8 @@ class Worker:
             logger.info("task %d %s attempt %d started", task.id, task.name, task.attempts)
             result = registered.func(**task.params)
         except BaseException as error:  # noqa: BLE001 - a task's failure is data, whatever it is
-            self.failed += 1
+            with self._counts_lock:
+                self.failed += 1
             logger.warning(
                 "task %d %s attempt %d failed after %.3fs: %r",
                 task.id,
@@ -143,21 +145,30 @@ class Worker:
             )
             self._record(self.queue.fail, task, error)
             return
-        self.processed += 1
+        with self._counts_lock:
+            self.processed += 1
         logger.info(
-            "task %d %s attempt %d done in %.3fs", task.id, task.name, task.attempts, time.perf_counter() - started
+            "task %d %s attempt %d done in %.3fs",
+            task.id,
+            task.name,
+            task.attempts,
+            time.perf_counter() - started,
         )
         try:
             self._record(self.queue.complete, task, result)
         except TypeError as error:
-            logger.warning("task %d %s returned a result that cannot be stored: %s", task.id, task.name, error)
+            logger.warning(
+                "task %d %s returned a result that cannot be stored: %s", task.id, task.name, error
+            )
             self._record(self.queue.complete, task, None)
 
     def _record(self, outcome: Any, task: ClaimedTask, value: Any) -> None:
         try:
             if not outcome(task, value):
                 logger.warning(
-                    "task %d %s: outcome not recorded, the lease was lost to another worker", task.id, task.name
+                    "task %d %s: outcome not recorded, the lease was lost to another worker",
+                    task.id,
+                    task.name,
                 )
         except DatabaseUnavailable as error:
             # The lease runs out and the task is claimed again: at least once.

@@ -69,10 +69,8 @@ def make_queue(engine: sa.Engine, strategy: str | None, lease: timedelta) -> tq.
 def executions(engine: sa.Engine) -> dict[int, int]:
     """task_key -> how many times it ran."""
     with engine.connect() as conn:
-        rows = conn.execute(
-            sa.select(Execution.task_key, sa.func.count()).group_by(Execution.task_key)
-        ).all()
-    return {key: count for key, count in rows}
+        rows = conn.execute(sa.select(Execution.task_key, sa.func.count()).group_by(Execution.task_key)).all()
+    return dict(rows)  # type: ignore[arg-type]
 
 
 def _race(args: argparse.Namespace) -> None:

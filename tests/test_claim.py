@@ -185,7 +185,9 @@ def test_extending_the_lease_keeps_the_task(queue: tq.TaskQueue, engine: sa.Engi
     assert queue.complete(claimed) is True
 
 
-def test_release_gives_a_task_back_without_counting_the_attempt(queue: tq.TaskQueue, engine: sa.Engine) -> None:
+def test_release_gives_a_task_back_without_counting_the_attempt(
+    queue: tq.TaskQueue, engine: sa.Engine
+) -> None:
     enqueue(queue, engine, 1)
     [claimed] = queue.claim()
     assert queue.release(claimed) is True

@@ -24,7 +24,9 @@ def test_a_committed_enqueue_is_a_task(queue: tq.TaskQueue, engine: sa.Engine, s
     assert count_tasks(engine) == 1
 
 
-def test_a_rolled_back_enqueue_leaves_no_task(queue: tq.TaskQueue, engine: sa.Engine, session: Session) -> None:
+def test_a_rolled_back_enqueue_leaves_no_task(
+    queue: tq.TaskQueue, engine: sa.Engine, session: Session
+) -> None:
     queue.enqueue(session, "record", {"key": 1})
     session.add(tq.Task(name="record", params={"key": 2}))
     session.flush()
@@ -60,7 +62,10 @@ def test_decorated_function_still_runs_and_enqueues_under_its_name(
         return f"sent to {to}"
 
     assert send_email("a@example.com") == "sent to a@example.com"
-    assert send_email.name == f"{__name__}.test_decorated_function_still_runs_and_enqueues_under_its_name.<locals>.send_email"
+    assert (
+        send_email.name
+        == f"{__name__}.test_decorated_function_still_runs_and_enqueues_under_its_name.<locals>.send_email"
+    )
     task = send_email.enqueue(session, to="a@example.com")
     session.commit()
     assert (task.name, task.queue, task.priority, task.max_attempts) == (send_email.name, "mail", 5, 7)

@@ -6,9 +6,10 @@ Two independent checks, because neither is enough alone:
   use), with the same `include_object` hook as ``alembic/env.py``;
 * the migrated table reflected, column by column and index by index, against
   the same table made by ``metadata.create_all``.  Alembic does not compare
-  partial-index predicates (``postgresql_where`` / ``sqlite_where``) at all,
-  nor MySQL's DATETIME fractional-second precision, so a migration that lost
-  ``WHERE status = 'queued'`` or ``fsp=6`` would pass the first check alone.
+  partial-index predicates (``postgresql_where`` / ``sqlite_where``), MySQL's
+  DATETIME fractional-second precision, or PostgreSQL IDENTITY against
+  BIGSERIAL, so a migration that lost ``WHERE status = 'queued'``, ``fsp=6``
+  or ``Identity()`` would pass the first check alone.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from alembic.script import ScriptDirectory
 
 import sa_taskqueue
 from sa_taskqueue import migrate
+from tests.backends import Backend
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TASK_TABLE = "sa_taskqueue_task"
@@ -109,7 +111,7 @@ def _reflect(engine: sa.Engine) -> dict[str, Any]:
 
 @pytest.mark.usefixtures("clean_database")
 def test_alembic_upgrade_head_matches_metadata_and_downgrade_removes_it(
-    backend: Any, engine: sa.Engine
+    backend: Backend, engine: sa.Engine
 ) -> None:
     had_application_version_table = sa.inspect(engine).has_table("alembic_version")
 
@@ -133,7 +135,7 @@ def test_alembic_upgrade_head_matches_metadata_and_downgrade_removes_it(
 
 
 @pytest.mark.usefixtures("clean_database")
-def test_migrate_upgrade_creates_the_table(backend: Any, engine: sa.Engine) -> None:
+def test_migrate_upgrade_creates_the_table(backend: Backend, engine: sa.Engine) -> None:
     migrate.upgrade(backend.url)
     engine.dispose()
 

@@ -70,8 +70,17 @@ def test_eight_processes_run_every_task_exactly_once(
             (
                 ready,
                 app_process(
-                    "race", "--url", backend.url, "--strategy", strategy_name,
-                    "--batch", str(batch), "--ready", str(ready), "--go", str(go),
+                    "race",
+                    "--url",
+                    backend.url,
+                    "--strategy",
+                    strategy_name,
+                    "--batch",
+                    str(batch),
+                    "--ready",
+                    str(ready),
+                    "--go",
+                    str(go),
                 ),
             )
         )
@@ -82,7 +91,7 @@ def test_eight_processes_run_every_task_exactly_once(
     finally:
         for _, proc in procs:
             proc.kill()
-    for (_, proc), (out, err) in zip(procs, outputs, strict=True):
+    for (_, proc), (_out, err) in zip(procs, outputs, strict=True):
         # A deadlock, "database is locked" or a lost lease would have ended the
         # process with an exception.
         assert proc.returncode == 0, err
@@ -109,8 +118,9 @@ def test_a_task_of_a_killed_worker_is_claimed_again_and_completes(
     with Session(engine) as session:
         task_id = queue.enqueue(session, "hang", {"key": 7}).id
         session.commit()
-    worker = app_process("run-one", "--url", backend.url, "--strategy", strategy_name,
-                         "--lease", str(lease.total_seconds()))
+    worker = app_process(
+        "run-one", "--url", backend.url, "--strategy", strategy_name, "--lease", str(lease.total_seconds())
+    )
     try:
         wait_until(lambda: executions(engine).get(7) == 1, 60, "the task to start")
     finally:

@@ -21,9 +21,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import sqlalchemy as sa
+from alembic import op
 from sqlalchemy.dialects import mysql
 
-from alembic import op
 from sa_taskqueue.types import JSONDocument, UTCDateTime
 
 # revision identifiers, used by Alembic.

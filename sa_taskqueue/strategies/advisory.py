@@ -29,7 +29,6 @@ from sa_taskqueue.model import TaskStatus
 from sa_taskqueue.strategies.base import (
     ClaimRequest,
     ClaimStrategy,
-    apply_claim,
     claim_order,
     claimed_values,
     due_clause,
@@ -181,9 +180,7 @@ class AdvisoryLockStrategy(ClaimStrategy):
             table.c.attempts == task.attempts,
         )
 
-    def finish(
-        self, engine: Engine, table: Table, task: ClaimedTask, values: Any, now: datetime
-    ) -> bool:
+    def finish(self, engine: Engine, table: Table, task: ClaimedTask, values: Any, now: datetime) -> bool:
         with self._holders_mutex:
             holder = self._holders.pop(task.id, None)
         if holder is None:

@@ -89,9 +89,7 @@ class ClaimStrategy(ABC):
         given back), so one ownership test guards them all.
         """
         with self.transaction(engine) as conn:
-            result = conn.execute(
-                update(table).where(self.holds(table, task, now)).values(**values)
-            )
+            result = conn.execute(update(table).where(self.holds(table, task, now)).values(**values))
         return result.rowcount == 1
 
     def extend(
@@ -181,7 +179,7 @@ def claimed_values(table: Table, request: ClaimRequest) -> dict[str, Any]:
     }
 
 
-def apply_claim(row: Mapping[str, Any], request: ClaimRequest) -> dict[str, Any]:
+def apply_claim(row: Mapping[Any, Any], request: ClaimRequest) -> dict[str, Any]:
     """A row read before the claim's UPDATE, as it is after it (for dialects without RETURNING)."""
     claimed = dict(row)
     claimed.update(

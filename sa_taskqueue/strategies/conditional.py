@@ -81,12 +81,16 @@ class ConditionalUpdateStrategy(ClaimStrategy):
         # row count says whether this claimer won it.
         claimed: list[dict[str, Any]] = []
         with self.transaction(engine) as conn:
-            candidates = conn.execute(
-                select(table)
-                .where(due_clause(table, request))
-                .order_by(*claim_order(table))
-                .limit(request.limit)
-            ).mappings().all()
+            candidates = (
+                conn.execute(
+                    select(table)
+                    .where(due_clause(table, request))
+                    .order_by(*claim_order(table))
+                    .limit(request.limit)
+                )
+                .mappings()
+                .all()
+            )
             for row in candidates:
                 won = conn.execute(
                     update(table)

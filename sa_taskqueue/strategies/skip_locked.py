@@ -92,9 +92,7 @@ class SkipLockedStrategy(ClaimStrategy):
 
     # MySQL and MariaDB --------------------------------------------------------
 
-    def _claim_then_update(
-        self, engine: Engine, table: Table, request: ClaimRequest
-    ) -> list[dict[str, Any]]:
+    def _claim_then_update(self, engine: Engine, table: Table, request: ClaimRequest) -> list[dict[str, Any]]:
         # MySQL and MariaDB have no UPDATE ... RETURNING, and reject LIMIT inside
         # an IN (...) subquery (error 1235), so the claim is two statements in
         # one transaction: lock the whole rows, then update them by id.  The
@@ -135,9 +133,7 @@ class SkipLockedStrategy(ClaimStrategy):
             cursor.close()
             if not ids:
                 return []
-            conn.execute(
-                update(table).where(table.c.id.in_(ids)).values(**claimed_values(table, request))
-            )
+            conn.execute(update(table).where(table.c.id.in_(ids)).values(**claimed_values(table, request)))
             rows = conn.execute(select(table).where(table.c.id.in_(ids))).mappings().all()
         return [dict(row) for row in rows]
 

@@ -1,0 +1,5 @@
+"""``python -m sa_taskqueue``: the command line."""
+
+from sa_taskqueue.cli import main
+
+main()

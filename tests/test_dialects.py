@@ -1,0 +1,304 @@
+"""What each database needs to be told: SQL shapes, the registry, and each dialect's own traps.
+
+The compile-only tests run in every session (they need no server): they are
+how the Oracle and MySQL 8 paths are checked where no such server runs.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.dialects import mssql, mysql, oracle, postgresql, sqlite
+from sqlalchemy.orm import DeclarativeBase, Session
+
+import sa_taskqueue as tq
+from sa_taskqueue.strategies import registry
+from sa_taskqueue.strategies.base import ClaimRequest
+from sa_taskqueue.strategies.conditional import ConditionalUpdateStrategy
+from sa_taskqueue.strategies.skip_locked import SkipLockedStrategy, locking_select
+from tests.app import make_queue
+
+TABLE = tq.Task.__table__
+NOW = datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC)
+REQUEST = ClaimRequest(limit=10, queues=None, worker_id="w", now=NOW, lease_until=NOW + timedelta(minutes=5))
+
+
+def sql(statement: object, dialect: sa.engine.Dialect) -> str:
+    return " ".join(str(statement.compile(dialect=dialect)).split())  # type: ignore[attr-defined]
+
+
+# Compiled shapes ---------------------------------------------------------------
+
+
+def test_postgres_claims_with_a_locking_cte_and_update_from_returning() -> None:
+    text = sql(SkipLockedStrategy().one_statement_claim(TABLE, REQUEST), postgresql.dialect())
+    assert re.fullmatch(
+        r"WITH claimable AS \(SELECT .* LIMIT \S+ FOR UPDATE SKIP LOCKED\) "
+        r"UPDATE sa_taskqueue_task SET .* FROM claimable "
+        r"WHERE sa_taskqueue_task.id = claimable.id RETURNING .*",
+        text,
+    ), text
+    assert " IN (" not in text, "no IN (subquery) the planner could re-run"
+
+
+def test_oracle_locks_from_an_unbounded_cursor() -> None:
+    text = sql(SkipLockedStrategy().oracle_locking_select(TABLE, REQUEST), oracle.dialect())
+    assert text.endswith("FOR UPDATE SKIP LOCKED")
+    assert "FETCH FIRST" not in text and "ROWNUM" not in text, "ORA-02014 with FOR UPDATE"
+    # Why: SQLAlchemy's own limit renders the shape Oracle rejects.
+    naive = sql(select_ids().limit(10).with_for_update(skip_locked=True), oracle.dialect())
+    assert "FETCH FIRST" in naive or "ROWNUM" in naive
+
+
+def test_mysql_locking_select_limits_outside_any_subquery() -> None:
+    dialect = mysql.dialect()
+    text = sql(locking_select(TABLE, REQUEST, TABLE).limit(10), dialect)
+    assert re.fullmatch(
+        r"SELECT .* FROM sa_taskqueue_task WHERE .* ORDER BY .* LIMIT \S+ FOR UPDATE SKIP LOCKED", text
+    )
+    assert "(SELECT" not in text
+    assert not dialect.update_returning, "MySQL has no UPDATE ... RETURNING, hence select-then-update"
+
+
+def test_sqlite_drops_for_update_so_it_gets_the_conditional_update() -> None:
+    assert "FOR UPDATE" not in sql(select_ids().with_for_update(skip_locked=True), sqlite.dialect())
+    text = sql(ConditionalUpdateStrategy().sqlite_claim(TABLE, REQUEST), sqlite.dialect())
+    assert re.fullmatch(
+        r"UPDATE sa_taskqueue_task SET .* WHERE sa_taskqueue_task.id IN \(SELECT .* LIMIT .*\) RETURNING .*",
+        text,
+    )
+
+
+def select_ids() -> sa.Select[tuple[int]]:
+    return sa.select(TABLE.c.id).order_by(TABLE.c.priority)
+
+
+# Registry ------------------------------------------------------------------------
+
+
+def dialect_of(module: object, version: tuple[int, ...], *, mariadb: bool = False) -> sa.engine.Dialect:
+    dialect = module.dialect()  # type: ignore[attr-defined]
+    dialect.server_version_info = version
+    if mariadb:
+        dialect.is_mariadb = True
+    return dialect
+
+
+@pytest.mark.parametrize(
+    ("dialect", "expected"),
+    [
+        (dialect_of(postgresql, (9, 5)), "skip_locked"),
+        (dialect_of(mysql, (8, 0, 1)), "skip_locked"),
+        (dialect_of(mysql, (8, 0, 0)), "conditional_update"),
+        (dialect_of(mysql, (5, 7, 44)), "conditional_update"),
+        (dialect_of(mysql, (10, 6, 0), mariadb=True), "skip_locked"),
+        (dialect_of(mysql, (10, 11, 9), mariadb=True), "skip_locked"),
+        (dialect_of(mysql, (10, 5, 27), mariadb=True), "conditional_update"),
+        (dialect_of(oracle, (19, 0)), "skip_locked"),
+        (dialect_of(sqlite, (3, 45, 0)), "conditional_update"),
+        (dialect_of(mssql, (16, 0)), "conditional_update"),
+    ],
+)
+def test_registry_picks_the_strategy_from_dialect_and_server_version(
+    dialect: sa.engine.Dialect, expected: str
+) -> None:
+    assert registry.resolve(dialect).name == expected
+
+
+def test_registering_overrides_a_default() -> None:
+    try:
+        registry.register("postgresql", ConditionalUpdateStrategy)
+        assert registry.resolve(dialect_of(postgresql, (15,))).name == "conditional_update"
+    finally:
+        registry.register("postgresql", SkipLockedStrategy)
+    assert registry.resolve(dialect_of(postgresql, (15,))).name == "skip_locked"
+
+
+@pytest.mark.parametrize("name", ["advisory_lock", "skip_locked"])
+def test_a_strategy_the_dialect_cannot_run_is_refused_at_construction(name: str, tmp_path: object) -> None:
+    engine = sa.create_engine("sqlite://")
+    with pytest.raises(tq.StrategyError, match=r"SQLite|sqlite"):
+        tq.TaskQueue(engine, strategy=name)
+
+
+def test_an_unknown_strategy_name_lists_the_known_ones() -> None:
+    with pytest.raises(tq.StrategyError, match="advisory_lock, conditional_update, skip_locked"):
+        tq.TaskQueue(sa.create_engine("sqlite://"), strategy="fastest")
+
+
+def test_skip_locked_refuses_a_mysql_without_skip_locked() -> None:
+    with pytest.raises(tq.StrategyError, match=r"MariaDB 10\.5\.1 has no SKIP LOCKED"):
+        SkipLockedStrategy().check_server(dialect_of(mysql, (10, 5, 1), mariadb=True))
+
+
+# Live: each backend's own traps ---------------------------------------------------
+
+
+def enqueue_keys(queue: tq.TaskQueue, engine: sa.Engine, count: int) -> list[int]:
+    with Session(engine) as session:
+        ids = [queue.enqueue(session, "record", {"key": n}).id for n in range(count)]
+        session.commit()
+    return ids
+
+
+def test_the_registry_default_is_in_use(engine: sa.Engine) -> None:
+    queue = tq.TaskQueue(engine)
+    expected = {"postgresql": "skip_locked", "oracle": "skip_locked", "sqlite": "conditional_update"}
+    if engine.dialect.name == "mysql":
+        assert queue.strategy.name == registry.resolve(engine.dialect).name
+    else:
+        assert queue.strategy.name == expected[engine.dialect.name]
+
+
+@pytest.mark.backends("postgres")
+def test_postgres_claims_in_one_round_trip(engine: sa.Engine) -> None:
+    queue = make_queue(engine, None, timedelta(minutes=5))
+    enqueue_keys(queue, engine, 5)
+    queue.claim()  # the first claim also runs the periodic recovery
+    statements: list[str] = []
+
+    def seen(_conn: object, _cursor: object, statement: str, *_rest: object) -> None:
+        statements.append(statement)
+
+    sa.event.listen(engine, "before_cursor_execute", seen)
+    try:
+        claimed = queue.claim(limit=3)
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", seen)
+    assert len(claimed) == 3
+    assert len(statements) == 1, statements
+
+
+@pytest.mark.backends("postgres", "mysql", "mariadb", "oracle")
+def test_skip_locked_skips_a_row_another_transaction_has_locked(engine: sa.Engine) -> None:
+    queue = make_queue(engine, "skip_locked", timedelta(minutes=5))
+    first, second, third = enqueue_keys(queue, engine, 3)
+    with engine.connect() as other:
+        other = other.execution_options(isolation_level="READ COMMITTED")
+        with other.begin():
+            other.execute(sa.select(TABLE.c.id).where(TABLE.c.id == first).with_for_update())
+            assert [t.id for t in queue.claim(limit=2)] == [second, third]
+            assert queue.claim() == []
+    assert [t.id for t in queue.claim()] == [first], "claimable again once the lock is released"
+
+
+@pytest.mark.backends("postgres", "mysql", "mariadb")
+def test_advisory_lock_skips_a_task_whose_lock_another_session_holds(engine: sa.Engine) -> None:
+    from sa_taskqueue.strategies.advisory import AdvisoryLocks
+
+    queue = make_queue(engine, "advisory_lock", timedelta(minutes=5))
+    first, second = enqueue_keys(queue, engine, 2)
+    locks = AdvisoryLocks(engine.dialect, TABLE)
+    with engine.connect() as other:
+        assert locks.try_lock(other, [first]) == [first]
+        assert [t.id for t in queue.claim(limit=2)] == [second]
+        locks.unlock(other, [first])
+    assert [t.id for t in queue.claim()] == [first]
+    queue.close()
+
+
+@pytest.mark.backends("postgres", "mysql", "mariadb")
+def test_advisory_claim_holds_locks_only_on_the_tasks_it_returns(engine: sa.Engine) -> None:
+    from sa_taskqueue.strategies.advisory import AdvisoryLocks
+
+    queue = make_queue(engine, "advisory_lock", timedelta(minutes=5))
+    ids = enqueue_keys(queue, engine, 20)
+    claimed = queue.claim(limit=3)
+    assert [t.id for t in claimed] == ids[:3]
+    locks = AdvisoryLocks(engine.dialect, TABLE)
+    with engine.connect() as other:
+        got = locks.try_lock(other, ids)
+        assert got == ids[3:], "every task not returned is free to lock"
+        locks.unlock(other, got)
+    queue.close()
+
+
+@pytest.mark.backends("mysql", "mariadb")
+def test_mysql_rejects_limit_inside_an_in_subquery(engine: sa.Engine) -> None:
+    # Why the MySQL claim is select-then-update: error 1235.
+    naive = (
+        sa.update(TABLE)
+        .where(TABLE.c.id.in_(sa.select(TABLE.c.id).order_by(TABLE.c.id).limit(1)))
+        .values(locked_by="x")
+    )
+    with pytest.raises(sa.exc.DBAPIError) as raised, engine.begin() as conn:
+        conn.execute(naive)
+    assert raised.value.orig.args[0] == 1235  # type: ignore[union-attr]
+
+
+def explain(conn: sa.Connection, statement: sa.Select[tuple[int]]) -> str:
+    compiled = statement.compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True})
+    prefix = {"sqlite": "EXPLAIN QUERY PLAN ", "postgresql": "EXPLAIN ", "mysql": "EXPLAIN "}[
+        conn.dialect.name
+    ]
+    return "\n".join(" ".join(map(str, row)) for row in conn.exec_driver_sql(prefix + str(compiled)))
+
+
+@pytest.mark.backends("postgres", "mysql", "mariadb", "sqlite")
+def test_the_claim_walks_the_claim_index_past_finished_rows(engine: sa.Engine) -> None:
+    finished = [
+        {
+            "name": "record",
+            "queue": "default",
+            "priority": 0,
+            "params": {},
+            "status": status,
+            "run_at": NOW - timedelta(days=1),
+            "attempts": 1,
+            "max_attempts": 3,
+            "created_at": NOW,
+        }
+        for status in ["completed"] * 15_000 + ["failed"] * 3_000
+    ]
+    queued = [dict(row, status="queued") for row in finished[:50]]
+    with engine.begin() as conn:
+        conn.execute(TABLE.insert(), finished + queued)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            {
+                "postgresql": "ANALYZE sa_taskqueue_task",
+                "mysql": "ANALYZE TABLE sa_taskqueue_task",
+                "sqlite": "ANALYZE",
+            }[conn.dialect.name]
+        )
+    with engine.connect() as conn:
+        plan = explain(conn, locking_select(TABLE, REQUEST, TABLE.c.id).limit(10))
+    assert "ix_sa_taskqueue_task_claim" in plan, plan
+    assert "Seq Scan" not in plan and "SCAN sa_taskqueue_task\n" not in plan + "\n", plan
+    # ... in claim order, with no sort step after it.
+    assert not any(sort in plan for sort in ("Sort", "TEMP B-TREE", "filesort")), plan
+
+
+class AppBase(DeclarativeBase):
+    pass
+
+
+class AppTask(tq.TaskMixin, AppBase):
+    __tablename__ = "app_tasks"
+
+
+def test_task_mixin_maps_on_an_applications_own_base(engine: sa.Engine) -> None:
+    assert {index.name for index in AppTask.__table__.indexes} == {"ix_app_tasks_claim", "ix_app_tasks_lease"}
+    AppBase.metadata.drop_all(engine)
+    AppBase.metadata.create_all(engine)
+    try:
+        queue = tq.TaskQueue(engine, model=AppTask)
+
+        @queue.task(name="hello")
+        def hello(who: str) -> str:
+            return f"hello {who}"
+
+        with Session(engine) as session:
+            hello.enqueue(session, who="world")
+            session.commit()
+        [claimed] = queue.claim()
+        assert queue.complete(claimed, hello(**claimed.params))
+        with Session(engine) as session:
+            row = session.scalars(sa.select(AppTask)).one()
+            assert (row.status, row.result) == (tq.TaskStatus.COMPLETED, "hello world")
+        queue.close()
+    finally:
+        AppBase.metadata.drop_all(engine)

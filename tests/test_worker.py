@@ -1,0 +1,95 @@
+"""The worker runs registered functions only, records every outcome, and keeps long tasks."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+import sa_taskqueue as tq
+from tests.app import executions, make_queue
+
+
+def rows(engine: sa.Engine) -> list[tq.Task]:
+    with Session(engine) as session:
+        found = list(session.scalars(sa.select(tq.Task).order_by(tq.Task.id)))
+        session.expunge_all()
+        return found
+
+
+def test_a_burst_worker_runs_every_due_task_once_and_returns(queue: tq.TaskQueue, engine: sa.Engine) -> None:
+    with Session(engine) as session:
+        queue.enqueue_many(session, "record", [{"key": n} for n in range(40)])
+        session.commit()
+    worker = queue.run_worker(concurrency=4, burst=True, poll_interval=0.05)
+    assert (worker.processed, worker.failed) == (40, 0)
+    assert executions(engine) == dict.fromkeys(range(40), 1)
+    assert {(t.status, t.result) for t in rows(engine)} == {
+        (tq.TaskStatus.COMPLETED, t.params["key"]) for t in rows(engine)
+    }
+
+
+def test_a_row_naming_unregistered_code_is_never_run(
+    queue: tq.TaskQueue, engine: sa.Engine, tmp_path: Path
+) -> None:
+    marker = tmp_path / "pwned"
+    with Session(engine) as session:
+        # Written straight into the table, as an attacker or a newer deploy might.
+        session.add(tq.Task(name="os.system", params={"command": f"touch {marker}"}, max_attempts=1))
+        session.add(tq.Task(name="subprocess.run", params={"args": ["touch", str(marker)]}, max_attempts=1))
+        queue.enqueue(session, "record", {"key": 1})
+        session.commit()
+    queue.run_worker(concurrency=2, burst=True, poll_interval=0.05)
+    assert not marker.exists()
+    by_name = {t.name: t for t in rows(engine)}
+    assert by_name["os.system"].status == tq.TaskStatus.FAILED
+    assert "no task registered under 'os.system'" in (by_name["os.system"].last_error or "")
+    assert "no task registered under 'subprocess.run'" in (by_name["subprocess.run"].last_error or "")
+    assert by_name["record"].status == tq.TaskStatus.COMPLETED, "the worker went on"
+
+
+def test_the_worker_retries_a_failing_task_then_marks_it_failed(
+    queue: tq.TaskQueue, engine: sa.Engine
+) -> None:
+    with Session(engine) as session:
+        task_id = queue.enqueue(session, "boom", {"message": "always"}, max_attempts=3).id
+        session.commit()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        queue.run_worker(burst=True, poll_interval=0.05)
+        [task] = rows(engine)
+        if task.status == tq.TaskStatus.FAILED:
+            break
+        time.sleep(0.05)
+    assert (task.id, task.status, task.attempts) == (task_id, tq.TaskStatus.FAILED, 3)
+    assert "ValueError: always" in (task.last_error or "")
+
+
+@pytest.mark.parametrize("lease", [timedelta(seconds=1.5)])
+def test_a_task_longer_than_its_lease_is_not_claimed_twice_while_its_worker_lives(
+    queue: tq.TaskQueue, engine: sa.Engine, strategy_name: str, lease: timedelta
+) -> None:
+    with Session(engine) as session:
+        queue.enqueue(session, "record", {"key": 1, "sleep": 3 * lease.total_seconds()})
+        session.commit()
+    worker = threading.Thread(target=queue.run_worker, kwargs={"burst": True, "poll_interval": 0.05})
+    worker.start()
+    deadline = time.monotonic() + 30
+    while rows(engine)[0].status != tq.TaskStatus.RUNNING and time.monotonic() < deadline:
+        time.sleep(0.02)
+    rival = make_queue(engine, strategy_name, lease)
+    stolen = []
+    while worker.is_alive():
+        stolen.extend(rival.claim(worker_id="rival"))
+        time.sleep(0.1)
+    worker.join()
+    rival.close()
+    assert stolen == [], "the heartbeat kept the lease"
+    assert executions(engine) == {1: 1}
+    [task] = rows(engine)
+    assert (task.status, task.attempts) == (tq.TaskStatus.COMPLETED, 1)
