@@ -37,7 +37,7 @@ class DemoRun(DemoBase):
 
     __tablename__ = "sa_taskqueue_demo_run"
 
-    id: Mapped[int] = mapped_column(primary_key=True)
+    id: Mapped[int] = mapped_column(sa.Identity(), primary_key=True)
     task_n: Mapped[int]
     worker_pid: Mapped[int]
 

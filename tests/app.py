@@ -31,7 +31,7 @@ class Execution(AppBase):
 
     __tablename__ = "test_execution"
 
-    id: Mapped[int] = mapped_column(primary_key=True)
+    id: Mapped[int] = mapped_column(sa.Identity(), primary_key=True)  # an identity on Oracle
     task_key: Mapped[int] = mapped_column(index=True)
     pid: Mapped[int]
     note: Mapped[str] = mapped_column(sa.String(50), default="")

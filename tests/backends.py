@@ -119,6 +119,12 @@ def provision(name: str, tmp_dir: str) -> Iterator[Backend]:
         yield Backend(name, url)
         return
     configured = os.environ.get(env_var(name))
+    if name == "mysql" and configured is None and docker_available():
+        # The local server here is MariaDB speaking the MySQL protocol; where
+        # Docker runs, tests-mysql tests a real MySQL 8 instead.
+        with _container(name)() as running:  # type: ignore[attr-defined]
+            yield Backend(name, running.get_connection_url())
+        return
     candidate = configured or LOCAL_DEFAULTS.get(name)
     if candidate and reachable(candidate):
         yield Backend(name, candidate)
