@@ -69,7 +69,9 @@ class TaskMixin:
     locked_by: Mapped[str | None] = mapped_column(String(WORKER_ID_LENGTH))
     locked_until: Mapped[datetime | None] = mapped_column(UTCDateTime)
     # A traceback can outgrow MySQL's 64 KiB TEXT.
-    last_error: Mapped[str | None] = mapped_column(Text().with_variant(mysql.MEDIUMTEXT(), "mysql"))
+    last_error: Mapped[str | None] = mapped_column(
+        Text().with_variant(mysql.MEDIUMTEXT(), "mysql", "mariadb")
+    )
     result: Mapped[Any | None] = mapped_column(JSONDocument)
 
     @declared_attr.directive

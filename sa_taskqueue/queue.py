@@ -341,7 +341,7 @@ class TaskQueue:
     def complete(self, claimed: ClaimedTask, result: Any = None) -> bool:
         """Mark the task COMPLETED with ``result``; False if ``claimed`` no longer holds it."""
         try:
-            json.dumps(result)
+            json.dumps(result, allow_nan=False)
         except (TypeError, ValueError) as error:
             raise TypeError(f"result is not JSON-serialisable: {error}") from error
         now = utcnow()

@@ -18,6 +18,8 @@ from sqlalchemy.dialects import mysql, oracle, postgresql
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator, TypeEngine
 
+from sa_taskqueue.dialects import is_mysql_family
+
 
 def utcnow() -> datetime:
     """The current time as an aware UTC datetime (the only kind the queue stores)."""
@@ -35,13 +37,16 @@ class UTCDateTime(TypeDecorator[datetime]):
     cache_ok = True
 
     def load_dialect_impl(self, dialect: Dialect) -> TypeEngine[Any]:
-        if dialect.name == "mysql":
+        if is_mysql_family(dialect):
             # MySQL and MariaDB DATETIME has no zone and whole seconds unless
             # asked for fsp=6; we keep UTC in it and mark it UTC on read.
             return dialect.type_descriptor(mysql.DATETIME(fsp=6))
         if dialect.name == "oracle":
-            # Oracle's DateTime(timezone=True) becomes DATE (seconds, no zone).
-            return dialect.type_descriptor(oracle.TIMESTAMP(timezone=True))
+            # Oracle's DateTime(timezone=True) becomes DATE (whole seconds), and
+            # python-oracledb binds an aware datetime as a plain TIMESTAMP that
+            # the server shifts by the session time zone; a TIMESTAMP holding
+            # the UTC wall time is the same on every session.
+            return dialect.type_descriptor(oracle.TIMESTAMP())
         return dialect.type_descriptor(DateTime(timezone=True))
 
     def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
@@ -52,8 +57,8 @@ class UTCDateTime(TypeDecorator[datetime]):
         if value.tzinfo is None or value.utcoffset() is None:
             raise ValueError(f"naive datetime {value!r}: pass an aware datetime (e.g. tzinfo=UTC)")
         value = value.astimezone(UTC)
-        if dialect.name in ("mysql", "sqlite"):
-            # Neither keeps a zone: store the UTC wall time.
+        if is_mysql_family(dialect) or dialect.name in ("sqlite", "oracle"):
+            # None of these keeps the zone: store the UTC wall time.
             return value.replace(tzinfo=None)
         return value
 

@@ -11,6 +11,8 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from sqlalchemy import exc as sa_exc
+
 from sa_taskqueue.claimed import ClaimedTask
 from sa_taskqueue.exceptions import DatabaseUnavailable, TaskNotRegistered
 
@@ -18,6 +20,9 @@ if TYPE_CHECKING:
     from sa_taskqueue.queue import TaskQueue
 
 logger = logging.getLogger("sa_taskqueue")
+
+#: Errors after which the worker waits and tries again rather than stopping.
+TRANSIENT_ERRORS = (DatabaseUnavailable, sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.TimeoutError)
 
 #: Longest pause between claims after database errors.
 MAX_ERROR_BACKOFF = 30.0
@@ -93,7 +98,9 @@ class Worker:
                 try:
                     claimed = self.queue.claim(limit=free, queues=self.queues, worker_id=self.worker_id)
                     error_backoff = 0.0
-                except DatabaseUnavailable as error:
+                except TRANSIENT_ERRORS as error:
+                    # A lost connection, a deadlock victim, a lock wait that
+                    # timed out, an exhausted pool: try again, more slowly.
                     error_backoff = min(max(error_backoff * 2, 0.5), MAX_ERROR_BACKOFF)
                     logger.error("claim failed, retrying in %.1fs: %s", error_backoff, error)
                     self._stopping.wait(error_backoff)
@@ -154,25 +161,26 @@ class Worker:
             task.attempts,
             time.perf_counter() - started,
         )
-        try:
-            self._record(self.queue.complete, task, result)
-        except TypeError as error:
-            logger.warning(
-                "task %d %s returned a result that cannot be stored: %s", task.id, task.name, error
-            )
-            self._record(self.queue.complete, task, None)
+        self._record(self.queue.complete, task, result)
 
     def _record(self, outcome: Any, task: ClaimedTask, value: Any) -> None:
         try:
-            if not outcome(task, value):
-                logger.warning(
-                    "task %d %s: outcome not recorded, the lease was lost to another worker",
-                    task.id,
-                    task.name,
-                )
-        except DatabaseUnavailable as error:
+            recorded = outcome(task, value)
+        except TRANSIENT_ERRORS as error:
             # The lease runs out and the task is claimed again: at least once.
             logger.error("task %d %s: could not record the outcome: %s", task.id, task.name, error)
+            return
+        except Exception as error:
+            if outcome == self.queue.fail:
+                logger.exception("task %d %s: could not record the failure", task.id, task.name)
+                return
+            logger.warning("task %d %s: its result cannot be stored: %s", task.id, task.name, error)
+            self._record(self.queue.fail, task, error)
+            return
+        if not recorded:
+            logger.warning(
+                "task %d %s: outcome not recorded, the lease was lost to another worker", task.id, task.name
+            )
 
     def _heartbeat(self) -> None:
         interval = self.queue.lease.total_seconds() / 3

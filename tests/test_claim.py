@@ -10,6 +10,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 import sa_taskqueue as tq
+from tests.app import make_queue
 
 
 def enqueue(task_queue: tq.TaskQueue, engine: sa.Engine, count: int, **options: object) -> list[int]:
@@ -169,6 +170,9 @@ def test_a_worker_that_lost_its_task_cannot_overwrite_the_new_holders_outcome(
     assert queue.complete(first, "stale") is False
     assert queue.fail(first, RuntimeError("stale")) is False
     assert queue.extend_leases([first]) == set()
+    rival = make_queue(engine, strategy_name, lease)
+    assert rival.claim(worker_id="third") == [], "the stale calls left the new holder's claim intact"
+    rival.close()
     assert queue.complete(second, "fresh") is True
     row = load(engine, task_id)
     assert (row.status, row.result, row.locked_by) == (tq.TaskStatus.COMPLETED, "fresh", "second")
@@ -176,11 +180,12 @@ def test_a_worker_that_lost_its_task_cannot_overwrite_the_new_holders_outcome(
 
 @pytest.mark.parametrize("lease", [timedelta(seconds=2)])
 def test_extending_the_lease_keeps_the_task(queue: tq.TaskQueue, engine: sa.Engine, lease: timedelta) -> None:
-    enqueue(queue, engine, 1)
+    [task_id] = enqueue(queue, engine, 1)
     [claimed] = queue.claim()
     for _ in range(3):
         time.sleep(1)
         assert queue.extend_leases([claimed]) == {claimed.id}
+    assert load(engine, task_id).locked_until > claimed.locked_until + timedelta(seconds=2)
     assert queue.claim() == [], "still held: its lease was renewed"
     assert queue.complete(claimed) is True
 
@@ -189,7 +194,9 @@ def test_release_gives_a_task_back_without_counting_the_attempt(
     queue: tq.TaskQueue, engine: sa.Engine
 ) -> None:
     enqueue(queue, engine, 1)
-    [claimed] = queue.claim()
+    [claimed] = queue.claim(worker_id="w")
     assert queue.release(claimed) is True
-    [again] = queue.claim()
-    assert (again.id, again.attempts) == (claimed.id, 1)
+    [again] = queue.claim(worker_id="w")
+    assert (again.id, again.attempts, again.locked_by) == (claimed.id, 1, "w")
+    assert queue.complete(claimed, "stale") is False, "the given-back claim is not the new one"
+    assert queue.complete(again, "fresh") is True

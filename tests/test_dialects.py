@@ -13,6 +13,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.dialects import mssql, mysql, oracle, postgresql, sqlite
 from sqlalchemy.orm import DeclarativeBase, Session
+from sqlalchemy.schema import CreateTable
 
 import sa_taskqueue as tq
 from sa_taskqueue.strategies import registry
@@ -20,6 +21,7 @@ from sa_taskqueue.strategies.base import ClaimRequest
 from sa_taskqueue.strategies.conditional import ConditionalUpdateStrategy
 from sa_taskqueue.strategies.skip_locked import SkipLockedStrategy, locking_select
 from tests.app import make_queue
+from tests.backends import Backend
 
 TABLE = tq.Task.__table__
 NOW = datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC)
@@ -146,11 +148,15 @@ def enqueue_keys(queue: tq.TaskQueue, engine: sa.Engine, count: int) -> list[int
 
 def test_the_registry_default_is_in_use(engine: sa.Engine) -> None:
     queue = tq.TaskQueue(engine)
-    expected = {"postgresql": "skip_locked", "oracle": "skip_locked", "sqlite": "conditional_update"}
-    if engine.dialect.name == "mysql":
-        assert queue.strategy.name == registry.resolve(engine.dialect).name
+    name = queue.strategy.name  # connects, so the server version is known below
+    dialect = engine.dialect
+    if dialect.name == "mysql":
+        version = dialect.server_version_info or ()
+        new_enough = version >= ((10, 6) if getattr(dialect, "is_mariadb", False) else (8, 0, 1))
+        assert name == ("skip_locked" if new_enough else "conditional_update")
     else:
-        assert queue.strategy.name == expected[engine.dialect.name]
+        expected = {"postgresql": "skip_locked", "oracle": "skip_locked", "sqlite": "conditional_update"}
+        assert name == expected[dialect.name]
 
 
 @pytest.mark.backends("postgres")
@@ -191,7 +197,7 @@ def test_advisory_lock_skips_a_task_whose_lock_another_session_holds(engine: sa.
 
     queue = make_queue(engine, "advisory_lock", timedelta(minutes=5))
     first, second = enqueue_keys(queue, engine, 2)
-    locks = AdvisoryLocks(engine.dialect, TABLE)
+    locks = AdvisoryLocks(engine, TABLE)
     with engine.connect() as other:
         assert locks.try_lock(other, [first]) == [first]
         assert [t.id for t in queue.claim(limit=2)] == [second]
@@ -208,7 +214,7 @@ def test_advisory_claim_holds_locks_only_on_the_tasks_it_returns(engine: sa.Engi
     ids = enqueue_keys(queue, engine, 20)
     claimed = queue.claim(limit=3)
     assert [t.id for t in claimed] == ids[:3]
-    locks = AdvisoryLocks(engine.dialect, TABLE)
+    locks = AdvisoryLocks(engine, TABLE)
     with engine.connect() as other:
         got = locks.try_lock(other, ids)
         assert got == ids[3:], "every task not returned is free to lock"
@@ -229,7 +235,7 @@ def test_mysql_rejects_limit_inside_an_in_subquery(engine: sa.Engine) -> None:
     assert raised.value.orig.args[0] == 1235  # type: ignore[union-attr]
 
 
-def explain(conn: sa.Connection, statement: sa.Select[tuple[int]]) -> str:
+def explain(conn: sa.Connection, statement: sa.Executable) -> str:
     compiled = statement.compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True})
     prefix = {"sqlite": "EXPLAIN QUERY PLAN ", "postgresql": "EXPLAIN ", "mysql": "EXPLAIN "}[
         conn.dialect.name
@@ -264,8 +270,14 @@ def test_the_claim_walks_the_claim_index_past_finished_rows(engine: sa.Engine) -
                 "sqlite": "ANALYZE",
             }[conn.dialect.name]
         )
+    # The statement each strategy really runs to find its rows.
+    claim: sa.Executable = {
+        "postgresql": SkipLockedStrategy().one_statement_claim(TABLE, REQUEST),
+        "mysql": locking_select(TABLE, REQUEST, TABLE).limit(10),
+        "sqlite": ConditionalUpdateStrategy().sqlite_claim(TABLE, REQUEST),
+    }[engine.dialect.name]
     with engine.connect() as conn:
-        plan = explain(conn, locking_select(TABLE, REQUEST, TABLE.c.id).limit(10))
+        plan = explain(conn, claim)
     assert "ix_sa_taskqueue_task_claim" in plan, plan
     assert "Seq Scan" not in plan and "SCAN sa_taskqueue_task\n" not in plan + "\n", plan
     # ... in claim order, with no sort step after it.
@@ -302,3 +314,35 @@ def test_task_mixin_maps_on_an_applications_own_base(engine: sa.Engine) -> None:
         queue.close()
     finally:
         AppBase.metadata.drop_all(engine)
+
+
+@pytest.mark.backends("mariadb")
+def test_a_mariadb_url_gets_the_mysql_family_treatment(backend: Backend, engine: sa.Engine) -> None:
+    # SQLAlchemy names the dialect "mariadb" under a mariadb:// URL and
+    # "mysql" (with is_mariadb) under mysql://; both must get DATETIME(6),
+    # MEDIUMTEXT, READ COMMITTED claims and every strategy.
+    url = sa.make_url(backend.url)
+    mariadb_engine = sa.create_engine(url.set(drivername=url.drivername.replace("mysql", "mariadb", 1)))
+    assert mariadb_engine.dialect.name == "mariadb"
+    compiled = str(CreateTable(TABLE).compile(dialect=mariadb_engine.dialect))
+    assert "run_at DATETIME(6) NOT NULL" in compiled
+    assert "last_error MEDIUMTEXT" in compiled
+    for strategy in ("skip_locked", "advisory_lock", "conditional_update"):
+        queue = make_queue(mariadb_engine, strategy, timedelta(minutes=5))
+        with Session(mariadb_engine) as session:
+            task_id = queue.enqueue(session, "record", {"key": 1}).id
+            session.commit()
+        [claimed] = queue.claim()
+        assert claimed.id == task_id
+        assert claimed.started_at.microsecond == load_started_at(mariadb_engine, task_id).microsecond
+        assert queue.complete(claimed) is True
+        queue.close()
+    assert tq.TaskQueue(mariadb_engine).strategy.name == "skip_locked"
+    mariadb_engine.dispose()
+
+
+def load_started_at(engine: sa.Engine, task_id: int) -> datetime:
+    with engine.connect() as conn:
+        value = conn.scalar(sa.select(TABLE.c.started_at).where(TABLE.c.id == task_id))
+    assert value is not None
+    return value

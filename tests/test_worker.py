@@ -82,14 +82,47 @@ def test_a_task_longer_than_its_lease_is_not_claimed_twice_while_its_worker_live
     deadline = time.monotonic() + 30
     while rows(engine)[0].status != tq.TaskStatus.RUNNING and time.monotonic() < deadline:
         time.sleep(0.02)
+    first_lease_end = rows(engine)[0].locked_until
+    assert first_lease_end is not None
     rival = make_queue(engine, strategy_name, lease)
     stolen = []
+    latest_lease_end = first_lease_end
     while worker.is_alive():
         stolen.extend(rival.claim(worker_id="rival"))
+        latest_lease_end = max(latest_lease_end, rows(engine)[0].locked_until or latest_lease_end)
         time.sleep(0.1)
     worker.join()
     rival.close()
     assert stolen == [], "the heartbeat kept the lease"
+    assert latest_lease_end > first_lease_end + lease, "the heartbeat renewed the lease more than once"
     assert executions(engine) == {1: 1}
     [task] = rows(engine)
     assert (task.status, task.attempts) == (tq.TaskStatus.COMPLETED, 1)
+
+
+def test_a_result_the_database_refuses_fails_the_task_and_frees_it(
+    queue: tq.TaskQueue, engine: sa.Engine, strategy_name: str
+) -> None:
+    @queue.task(name="not_a_number", max_attempts=1)
+    def not_a_number() -> float:
+        return float("nan")  # not JSON: no database stores it
+
+    with Session(engine) as session:
+        queue.enqueue(session, "not_a_number")
+        queue.enqueue(session, "record", {"key": 1})
+        session.commit()
+    queue.run_worker(concurrency=2, burst=True, poll_interval=0.05)
+    by_name = {t.name: t for t in rows(engine)}
+    assert by_name["not_a_number"].status == tq.TaskStatus.FAILED
+    assert "JSON" in (by_name["not_a_number"].last_error or "")
+    assert by_name["record"].status == tq.TaskStatus.COMPLETED
+    assert {t.status for t in rows(engine)} == {tq.TaskStatus.FAILED, tq.TaskStatus.COMPLETED}
+    if strategy_name == "advisory_lock":
+        # And no lock is left behind on either task.
+        from sa_taskqueue.strategies.advisory import AdvisoryLocks
+
+        locks = AdvisoryLocks(engine, tq.Task.__table__)
+        ids = [t.id for t in rows(engine)]
+        with engine.connect() as other:
+            assert locks.try_lock(other, ids) == ids
+            locks.unlock(other, ids)

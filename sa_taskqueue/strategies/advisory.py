@@ -21,10 +21,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, Engine, Table, and_, func, select, update
+from sqlalchemy import ColumnElement, Connection, Engine, Table, func, select, update
 from sqlalchemy.engine import Dialect
+from sqlalchemy.exc import DBAPIError
 
 from sa_taskqueue.claimed import ClaimedTask
+from sa_taskqueue.dialects import is_mysql_family
 from sa_taskqueue.model import TaskStatus
 from sa_taskqueue.strategies.base import (
     ClaimRequest,
@@ -33,6 +35,7 @@ from sa_taskqueue.strategies.base import (
     claimed_values,
     due_clause,
     orphan_values,
+    same_claim,
 )
 
 WORKER_LOST_ERROR = "worker lost: its connection closed while the task was running"
@@ -44,9 +47,12 @@ RECOVERY_BATCH = 500
 class AdvisoryLocks:
     """The lock functions of one dialect, keyed by (table, task id)."""
 
-    def __init__(self, dialect: Dialect, table: Table) -> None:
-        self.postgresql = dialect.name == "postgresql"
-        digest = zlib.crc32(f"sa_taskqueue:{table.name}".encode())
+    def __init__(self, engine: Engine, table: Table) -> None:
+        self.postgresql = engine.dialect.name == "postgresql"
+        # PostgreSQL's advisory locks are per database; MySQL's named locks
+        # are server-wide, so the database is part of the name there.
+        scope = table.name if self.postgresql else f"{engine.url.database}.{table.schema}.{table.name}"
+        digest = zlib.crc32(f"sa_taskqueue:{scope}".encode())
         # PostgreSQL's two-key form takes two int4s: the table's namespace and
         # the id's low 32 bits.  Ids 2**32 apart share a lock, which can only
         # make one wait for the other, never let two workers hold one task.
@@ -77,14 +83,26 @@ class AdvisoryLocks:
             conn.execute(select(*(self._unlock_call(task_id) for task_id in ids))).one()
 
 
+ClaimKey = tuple[int, str, int, datetime]
+
+
+def claim_key(row: Any) -> ClaimKey:
+    """What tells one claim of a task from every other: id, worker, attempt and start time."""
+    return (row["id"], row["locked_by"], row["attempts"], row["started_at"])
+
+
 @dataclass
 class _Holder:
-    """A connection holding the advisory locks of tasks still running."""
+    """A connection holding the advisory locks of the tasks of one claim, while they run.
+
+    The connection is used by whichever task thread finishes first, so every
+    use goes through ``mutex``.
+    """
 
     conn: Connection
     locks: AdvisoryLocks
-    task_ids: set[int]
-    mutex: threading.Lock = field(default_factory=threading.Lock)
+    claims: set[ClaimKey]
+    mutex: threading.RLock = field(default_factory=threading.RLock)
 
 
 class AdvisoryLockStrategy(ClaimStrategy):
@@ -93,12 +111,13 @@ class AdvisoryLockStrategy(ClaimStrategy):
     name = "advisory_lock"
 
     def __init__(self) -> None:
-        self._holders: dict[int, _Holder] = {}
+        self._holders: dict[ClaimKey, _Holder] = {}
         self._holders_mutex = threading.Lock()
+        self._recovery_after_id = 0
 
     @classmethod
     def unsupported_reason(cls, dialect: Dialect) -> str | None:
-        if dialect.name in ("postgresql", "mysql"):
+        if dialect.name == "postgresql" or is_mysql_family(dialect):
             return None
         return (
             f"advisory_lock needs PostgreSQL (pg_try_advisory_lock) or MySQL/MariaDB (GET_LOCK); "
@@ -110,7 +129,7 @@ class AdvisoryLockStrategy(ClaimStrategy):
         return timedelta(0)
 
     def claim(self, engine: Engine, table: Table, request: ClaimRequest) -> list[dict[str, Any]]:
-        locks = AdvisoryLocks(engine.dialect, table)
+        locks = AdvisoryLocks(engine, table)
         # Autocommit: every statement commits on its own, so nothing but the
         # advisory locks stays held on this connection while the tasks run.
         conn = engine.connect().execution_options(isolation_level="AUTOCOMMIT")
@@ -140,10 +159,10 @@ class AdvisoryLockStrategy(ClaimStrategy):
         if not rows:
             conn.close()
             return []
-        holder = _Holder(conn=conn, locks=locks, task_ids=set(claimed_ids))
+        holder = _Holder(conn=conn, locks=locks, claims={claim_key(row) for row in rows})
         with self._holders_mutex:
-            for task_id in claimed_ids:
-                self._holders[task_id] = holder
+            for key in holder.claims:
+                self._holders[key] = holder
         return rows
 
     def _mark_running(
@@ -173,49 +192,66 @@ class AdvisoryLockStrategy(ClaimStrategy):
     def holds(self, table: Table, task: ClaimedTask, now: datetime) -> ColumnElement[bool]:
         # The advisory lock, not the lease, says who owns the task: the row is
         # ours while it is still this claim's, however long the task runs.
-        return and_(
-            table.c.id == task.id,
-            table.c.status == TaskStatus.RUNNING,
-            table.c.locked_by == task.locked_by,
-            table.c.attempts == task.attempts,
-        )
+        return same_claim(table, task)
 
     def finish(self, engine: Engine, table: Table, task: ClaimedTask, values: Any, now: datetime) -> bool:
+        key = (task.id, task.locked_by, task.attempts, task.started_at)
         with self._holders_mutex:
-            holder = self._holders.pop(task.id, None)
+            holder = self._holders.get(key)
         if holder is None:
-            # Not claimed through this strategy object (or already finished).
+            # Not this strategy's claim, or one already finished or given up:
+            # the guarded UPDATE alone decides, and no lock is touched.
             return super().finish(engine, table, task, values, now)
         with holder.mutex:
+            if key not in holder.claims:
+                return super().finish(engine, table, task, values, now)
             try:
                 result = holder.conn.execute(
                     update(table).where(self.holds(table, task, now)).values(**values)
                 )
-                holder.locks.unlock(holder.conn, [task.id])
-            except BaseException:
+            except DBAPIError as error:
+                if error.connection_invalidated:
+                    # The connection, and with it every lock it held, is gone.
+                    self._drop(holder)
+                # Otherwise the row was refused (bad data): the lock stays so
+                # the caller can still record a failure under it.
+                raise
+            self._release(holder, key)
+        return result.rowcount == 1
+
+    def _release(self, holder: _Holder, key: ClaimKey) -> None:
+        """Unlock one finished task; give the connection back once it holds no more."""
+        with holder.mutex:
+            with self._holders_mutex:
+                self._holders.pop(key, None)
+            holder.claims.discard(key)
+            try:
+                holder.locks.unlock(holder.conn, [key[0]])
+            except DBAPIError:
                 self._drop(holder)
                 raise
-            holder.task_ids.discard(task.id)
-            if not holder.task_ids:
+            if not holder.claims:
                 holder.conn.close()
-        return result.rowcount == 1
 
     def recover(self, engine: Engine, table: Table, now: datetime) -> int:
         """Give back running tasks whose lock is free: their worker's connection is gone."""
-        locks = AdvisoryLocks(engine.dialect, table)
+        locks = AdvisoryLocks(engine, table)
         conn = engine.connect().execution_options(isolation_level="AUTOCOMMIT")
         try:
+            # One page of running rows per pass, moving on each time, so every
+            # running row is looked at however many there are.
             running = list(
                 conn.scalars(
                     select(table.c.id)
-                    .where(table.c.status == TaskStatus.RUNNING)
+                    .where(table.c.status == TaskStatus.RUNNING, table.c.id > self._recovery_after_id)
                     .order_by(table.c.id)
                     .limit(RECOVERY_BATCH)
                 )
             )
+            self._recovery_after_id = running[-1] if len(running) == RECOVERY_BATCH else 0
             with self._holders_mutex:
-                running = [task_id for task_id in running if task_id not in self._holders]
-            orphans = locks.try_lock(conn, running)
+                ours = {key[0] for key in self._holders}
+            orphans = locks.try_lock(conn, [task_id for task_id in running if task_id not in ours])
             recovered = 0
             if orphans:
                 result = conn.execute(
@@ -241,12 +277,15 @@ class AdvisoryLockStrategy(ClaimStrategy):
             self._drop(holder)
 
     def _drop(self, holder: _Holder) -> None:
-        with self._holders_mutex:
-            for task_id in holder.task_ids:
-                self._holders.pop(task_id, None)
-        holder.task_ids.clear()
-        holder.conn.invalidate()
-        holder.conn.close()
+        """Close the holder's connection, which drops every lock it held."""
+        with holder.mutex:
+            with self._holders_mutex:
+                for key in holder.claims:
+                    self._holders.pop(key, None)
+            holder.claims.clear()
+            if not holder.conn.closed:
+                holder.conn.invalidate()
+                holder.conn.close()
 
 
 def _int4(value: int) -> int:

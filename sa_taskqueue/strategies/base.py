@@ -108,13 +108,7 @@ class ClaimStrategy(ABC):
 
     def holds(self, table: Table, task: ClaimedTask, now: datetime) -> ColumnElement[bool]:
         """The condition under which ``task``'s claim still owns its row: same claim, lease not over."""
-        return and_(
-            table.c.id == task.id,
-            table.c.status == TaskStatus.RUNNING,
-            table.c.locked_by == task.locked_by,
-            table.c.attempts == task.attempts,
-            table.c.locked_until > now,
-        )
+        return and_(same_claim(table, task), table.c.locked_until > now)
 
     def recover(self, engine: Engine, table: Table, now: datetime) -> int:
         """Give back tasks whose worker is gone; return how many.
@@ -153,6 +147,21 @@ class ClaimStrategy(ABC):
         """A connection in a transaction that commits on success and rolls back on error."""
         with engine.begin() as conn:
             yield conn
+
+
+def same_claim(table: Table, task: ClaimedTask) -> ColumnElement[bool]:
+    """The row is still running under the claim that produced ``task``.
+
+    Worker id and attempt alone repeat when a task is given back unrun and
+    claimed again by the same worker; the claim's start time does not.
+    """
+    return and_(
+        table.c.id == task.id,
+        table.c.status == TaskStatus.RUNNING,
+        table.c.locked_by == task.locked_by,
+        table.c.attempts == task.attempts,
+        table.c.started_at == task.started_at,
+    )
 
 
 def due_clause(table: Table, request: ClaimRequest) -> ColumnElement[bool]:

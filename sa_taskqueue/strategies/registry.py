@@ -1,7 +1,7 @@
 """Which claim strategy a database gets: the one place that maps dialect and version to a strategy.
 
 Keys are SQLAlchemy dialect names, with MariaDB told apart from MySQL as
-``"mariadb"`` (SQLAlchemy names both ``"mysql"``), and ``"*"`` for any other
+``"mariadb"`` (SQLAlchemy names it ``"mysql"`` under a ``mysql://`` URL), and ``"*"`` for any other
 dialect.  Several entries may share a key with different ``min_version``; the
 newest one the connected server satisfies wins.
 """
@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from sqlalchemy.engine import Dialect
 
+from sa_taskqueue.dialects import is_mariadb
 from sa_taskqueue.exceptions import StrategyError
 from sa_taskqueue.strategies.advisory import AdvisoryLockStrategy
 from sa_taskqueue.strategies.base import ClaimStrategy
@@ -56,7 +57,7 @@ def register(
 
 def registry_key(dialect: Dialect) -> str:
     """The registry's name for a dialect: ``"mariadb"`` for MariaDB, else ``dialect.name``."""
-    if dialect.name == "mysql" and getattr(dialect, "is_mariadb", False):
+    if is_mariadb(dialect):
         return "mariadb"
     return dialect.name
 

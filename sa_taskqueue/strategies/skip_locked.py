@@ -15,9 +15,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Select, Table, select, update
+from sqlalchemy import Connection, Engine, Select, Table, event, select, update
 from sqlalchemy.engine import Dialect
 
+from sa_taskqueue.dialects import MYSQL_FAMILY, is_mariadb, is_mysql_family
 from sa_taskqueue.exceptions import StrategyError
 from sa_taskqueue.strategies.base import (
     ClaimRequest,
@@ -41,14 +42,14 @@ class SkipLockedStrategy(ClaimStrategy):
                 "SQLite has no row locks (it drops FOR UPDATE when compiling), "
                 "so skip_locked cannot run there; use conditional_update"
             )
-        if dialect.name not in ("postgresql", "mysql", "oracle"):
+        if dialect.name not in ("postgresql", "oracle", *MYSQL_FAMILY):
             return f"skip_locked has not been written for the {dialect.name!r} dialect"
         return None
 
     def check_server(self, dialect: Dialect) -> None:
         version = dialect.server_version_info or ()
-        if dialect.name == "mysql":
-            mariadb = getattr(dialect, "is_mariadb", False)
+        if is_mysql_family(dialect):
+            mariadb = is_mariadb(dialect)
             needed = (10, 6) if mariadb else (8, 0, 1)
             if tuple(version) < needed:
                 server = "MariaDB" if mariadb else "MySQL"
@@ -126,8 +127,10 @@ class SkipLockedStrategy(ClaimStrategy):
         self, engine: Engine, table: Table, request: ClaimRequest
     ) -> list[dict[str, Any]]:
         with self.transaction(engine) as conn:
-            cursor = conn.execution_options(yield_per=request.limit).execute(
-                self.oracle_locking_select(table, request)
+            cursor = conn.execute(
+                self.oracle_locking_select(table, request).execution_options(
+                    **{FETCH_ROWS_OPTION: request.limit}
+                )
             )
             ids = [row[0] for row in cursor.fetchmany(request.limit)]
             cursor.close()
@@ -137,6 +140,12 @@ class SkipLockedStrategy(ClaimStrategy):
             rows = conn.execute(select(table).where(table.c.id.in_(ids))).mappings().all()
         return [dict(row) for row in rows]
 
+    def prepare(self, engine: Engine) -> None:
+        if engine.dialect.name == "oracle" and not event.contains(
+            engine, "before_cursor_execute", _size_oracle_fetch
+        ):
+            event.listen(engine, "before_cursor_execute", _size_oracle_fetch)
+
     # Shared -------------------------------------------------------------------
 
     def lock_rows(self, conn: Connection, query: Any) -> Any:
@@ -144,7 +153,7 @@ class SkipLockedStrategy(ClaimStrategy):
 
     @contextmanager
     def transaction(self, engine: Engine) -> Iterator[Connection]:
-        if engine.dialect.name != "mysql":
+        if not is_mysql_family(engine.dialect):
             with engine.begin() as conn:
                 yield conn
             return
@@ -156,6 +165,22 @@ class SkipLockedStrategy(ClaimStrategy):
             conn = conn.execution_options(isolation_level="READ COMMITTED")
             with conn.begin():
                 yield conn
+
+
+#: Execution option: how many rows the driver may fetch per round trip.
+FETCH_ROWS_OPTION = "sa_taskqueue_fetch_rows"
+
+
+def _size_oracle_fetch(
+    conn: Connection, cursor: Any, statement: str, parameters: Any, context: Any, executemany: bool
+) -> None:
+    # python-oracledb prefetches 2 rows and then fetches 100 per round trip by
+    # default, and Oracle locks a SKIP LOCKED cursor's rows as they are
+    # fetched: a claim of 1 would lock up to 100 rows until it commits.
+    rows = context.execution_options.get(FETCH_ROWS_OPTION) if context is not None else None
+    if rows:
+        cursor.prefetchrows = rows
+        cursor.arraysize = rows
 
 
 def locking_select(table: Table, request: ClaimRequest, *columns: Any) -> Select[Any]:
