@@ -11,6 +11,8 @@ from __future__ import annotations
 import nox
 
 nox.options.reuse_existing_virtualenvs = True
+# uv builds the session environments in seconds; plain virtualenv + pip where it is missing.
+nox.options.default_venv_backend = "uv|virtualenv"
 nox.options.error_on_missing_interpreters = True
 
 SQLALCHEMY_SERIES = ["2.0", "2.1"]

@@ -70,12 +70,12 @@ def test_the_worker_retries_a_failing_task_then_marks_it_failed(
     assert "ValueError: always" in (task.last_error or "")
 
 
-@pytest.mark.parametrize("lease", [timedelta(seconds=1.5)])
+@pytest.mark.parametrize("lease", [timedelta(seconds=1)])
 def test_a_task_longer_than_its_lease_is_not_claimed_twice_while_its_worker_lives(
     queue: tq.TaskQueue, engine: sa.Engine, strategy_name: str, lease: timedelta
 ) -> None:
     with Session(engine) as session:
-        queue.enqueue(session, "record", {"key": 1, "sleep": 3 * lease.total_seconds()})
+        queue.enqueue(session, "record", {"key": 1, "sleep": 2.5 * lease.total_seconds()})
         session.commit()
     worker = threading.Thread(target=queue.run_worker, kwargs={"burst": True, "poll_interval": 0.05})
     worker.start()
