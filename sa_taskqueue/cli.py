@@ -1,65 +1,90 @@
-"""The command line: ``sa-taskqueue`` or ``python -m sa_taskqueue``."""
+"""The command line: ``sa-taskqueue`` (or ``python -m sa_taskqueue``).
+
+Errors are for people: a bad URL, an unreachable server, a missing table or
+an application that does not import each give one line on stderr and a
+non-zero exit; ``--debug`` shows the traceback instead.
+"""
 
 from __future__ import annotations
 
+import importlib
+import json
+import logging
 import os
+import re
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any
 
 import click
 import sqlalchemy as sa
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table as RichTable
 
+from sa_taskqueue.admin import Admin
 from sa_taskqueue.demo import DEFAULT_URL, run_demo
+from sa_taskqueue.exceptions import SchemaMissing, TaskQueueError
+from sa_taskqueue.queue import TaskQueue
 
 URL_ENV = "SA_TASKQUEUE_DATABASE_URL"
 
+logger = logging.getLogger("sa_taskqueue")
+
+
+class Failure(click.ClickException):
+    """A failure explained in one line; exit code 1."""
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"error: {self.format_message()}", err=True)
+
 
 @click.group()
-def cli() -> None:
+@click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line errors.")
+@click.pass_context
+def cli(ctx: click.Context, debug: bool) -> None:
     """sa_taskqueue: a task queue in the SQL database you already have."""
+    ctx.obj = {"debug": debug}
 
 
-@cli.command()
-@click.option(
-    "--tasks", default=300, show_default=True, type=click.IntRange(1), help="How many tasks to enqueue."
-)
-@click.option("--workers", default=4, show_default=True, type=click.IntRange(1), help="Worker processes.")
-@click.option(
-    "--url", default=DEFAULT_URL, show_default=True, help="Database URL (the demo uses tables of its own)."
-)
-def demo(tasks: int, workers: int, url: str) -> None:
-    """Enqueue TASKS tasks and drain them with WORKERS processes, then summarise."""
-    click.echo(f"sa_taskqueue demo: {tasks} tasks, {workers} worker processes, {_safe(url)}")
-    summary = run_demo(url, tasks, workers, progress=sys.stdout.isatty())
-    rate = summary.tasks / summary.seconds if summary.seconds else float("inf")
-    click.echo(f"  drained in {summary.seconds:.2f}s: {rate:,.0f} tasks/s")
-    click.echo(f"  statuses: {dict(sorted(summary.statuses.items()))}")
-    share = ", ".join(str(count) for _, count in summary.runs_per_worker.most_common())
-    click.echo(f"  tasks per worker process: {share}")
-    if summary.exactly_once:
-        click.echo("  every task ran exactly once")
+# Errors ------------------------------------------------------------------------
+
+
+@contextmanager
+def for_people(ctx: click.Context, url: str | None = None) -> Iterator[None]:
+    """Turn the errors a user can cause into one line each (unless --debug)."""
+    if ctx.obj and ctx.obj.get("debug"):
+        yield
         return
-    twice = sorted(n for n, count in summary.runs_per_task.items() if count > 1)
-    missing = sorted(set(range(summary.tasks)) - set(summary.runs_per_task))
-    click.echo(f"  NOT exactly once: ran twice {twice[:10]}, never ran {missing[:10]}", err=True)
-    sys.exit(1)
-
-
-@cli.command()
-@click.option("--url", envvar=URL_ENV, help=f"Database URL (default: ${URL_ENV}).")
-@click.option("--revision", default="head", show_default=True, help="Migrate to this revision.")
-def migrate(url: str | None, revision: str) -> None:
-    """Create or upgrade the task table with the package's alembic migrations."""
-    from sa_taskqueue.migrate import upgrade
-
-    if not url:
-        raise click.UsageError(f"no database URL: pass --url or set {URL_ENV}")
+    where = f" at {_safe(url)}" if url else ""
     try:
-        upgrade(url, revision)
+        yield
+    except click.ClickException:
+        raise
+    except SchemaMissing as error:
+        raise Failure(f"{error}") from error
+    except TaskQueueError as error:
+        raise Failure(str(error)) from error
     except sa.exc.ArgumentError as error:
-        raise click.ClickException(f"bad database URL {_safe(url)}: {error}") from error
-    except sa.exc.OperationalError as error:
-        raise click.ClickException(f"cannot reach the database at {_safe(url)}: {error.orig}") from error
-    click.echo(f"migrated {_safe(url)} to {revision}")
+        raise Failure(f"bad database URL {_safe(url or '')!s}: {error}") from error
+    except sa.exc.NoSuchModuleError as error:
+        raise Failure(f"unknown database dialect in {_safe(url or '')}: {error}") from error
+    except ModuleNotFoundError as error:
+        raise Failure(
+            f"a database driver is missing ({error.name}): install it, e.g. "
+            "pip install 'sa_taskqueue[postgresql]'"
+        ) from error
+    except (sa.exc.OperationalError, sa.exc.InterfaceError) as error:
+        raise Failure(f"cannot use the database{where}: {_first_line(error.orig)}") from error
+    except sa.exc.ProgrammingError as error:
+        raise Failure(f"the database refused a statement{where}: {_first_line(error.orig)}") from error
+
+
+def _first_line(error: BaseException | None) -> str:
+    text = str(error).strip() if error is not None else "unknown error"
+    return text.splitlines()[0] if text else type(error).__name__
 
 
 def _safe(url: str) -> str:
@@ -70,7 +95,317 @@ def _safe(url: str) -> str:
         return url
 
 
+def _engine(url: str | None) -> sa.Engine:
+    if not url:
+        raise click.UsageError(f"no database URL: pass --url or set {URL_ENV}")
+    return sa.create_engine(url)
+
+
+def _url_option(func: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option("--url", envvar=URL_ENV, help=f"Database URL (default: ${URL_ENV}).")(func)
+
+
+def _duration(text: str) -> timedelta:
+    """``30s``, ``10m``, ``2h``, ``7d`` or plain seconds."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", text)
+    if not match:
+        raise click.BadParameter(f"{text!r} is not a duration like 30s, 10m, 2h or 7d")
+    value, unit = float(match.group(1)), match.group(2) or "s"
+    seconds = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}[unit]
+    return timedelta(seconds=value * seconds)
+
+
+def _duration_option(ctx: click.Context, param: click.Parameter, value: str | None) -> timedelta | None:
+    return None if value is None else _duration(value)
+
+
+# worker --------------------------------------------------------------------------
+
+
+def load_queue(spec: str) -> TaskQueue:
+    """Import ``module:attribute`` (like ``uvicorn app:app``) and check it is a TaskQueue."""
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise Failure(f"{spec!r} is not MODULE:QUEUE_OBJECT (for example myapp.tasks:queue)")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        target: Any = importlib.import_module(module_name)
+    except ImportError as error:
+        raise Failure(f"cannot import {module_name!r}: {error}") from error
+    for part in attribute.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise Failure(f"{module_name!r} has no attribute {attribute!r}") from None
+    if not isinstance(target, TaskQueue):
+        raise Failure(f"{spec} is a {type(target).__name__}, not a sa_taskqueue.TaskQueue")
+    return target
+
+
+class JSONFormatter(logging.Formatter):
+    """One JSON object per line, for log shippers."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S%z"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
+
+
+def configure_logging(log_format: str, level: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if log_format == "json":
+        handler.setFormatter(JSONFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+
+
+@cli.command()
+@click.argument("app")
+@click.option("--concurrency", default=1, show_default=True, type=click.IntRange(1), help="Tasks at once.")
+@click.option("--queues", default=None, help="Comma-separated queues to serve (default: all).")
+@click.option("--isolation", type=click.Choice(["thread", "process"]), default="thread", show_default=True)
+@click.option("--burst", is_flag=True, help="Exit once nothing is due.")
+@click.option("--poll-interval", default=1.0, show_default=True, type=click.FloatRange(min=0.001))
+@click.option("--shutdown-timeout", default=30.0, show_default=True, type=click.FloatRange(min=0))
+@click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info")
+@click.pass_context
+def worker(
+    ctx: click.Context,
+    app: str,
+    concurrency: int,
+    queues: str | None,
+    isolation: str,
+    burst: bool,
+    poll_interval: float,
+    shutdown_timeout: float,
+    log_format: str,
+    log_level: str,
+) -> None:
+    """Run a worker for the TaskQueue object APP (MODULE:QUEUE_OBJECT)."""
+    configure_logging(log_format, log_level)
+    with for_people(ctx):
+        queue = load_queue(app)
+        url = queue.engine.url.render_as_string(hide_password=True)
+        with for_people(ctx, url):
+            queue.strategy  # noqa: B018 - connect now: a bad server fails here, in one line
+            worker_ = queue.run_worker(
+                concurrency=concurrency,
+                queues=[q.strip() for q in queues.split(",") if q.strip()] if queues else None,
+                burst=burst,
+                poll_interval=poll_interval,
+                isolation=isolation,
+                shutdown_timeout=shutdown_timeout,
+            )
+    logging.shutdown()
+    if worker_.given_back:
+        # Threads of tasks given back may still be running: leave without them.
+        os._exit(0)
+
+
+# migrate ---------------------------------------------------------------------------
+
+
+@cli.command()
+@_url_option
+@click.option("--revision", default="head", show_default=True, help="Migrate to this revision.")
+@click.pass_context
+def migrate(ctx: click.Context, url: str | None, revision: str) -> None:
+    """Create or upgrade the task table with the package's alembic migrations."""
+    from sa_taskqueue.migrate import upgrade
+
+    if not url:
+        raise click.UsageError(f"no database URL: pass --url or set {URL_ENV}")
+    with for_people(ctx, url):
+        upgrade(url, revision)
+    click.echo(f"migrated {_safe(url)} to {revision}")
+
+
+# enqueue, status, retry, cancel, purge ---------------------------------------------
+
+
+@cli.command()
+@click.argument("name")
+@click.option("--params", "params_json", default="{}", show_default=True, help="Parameters as a JSON object.")
+@click.option("--queue", "queue_name", default="default", show_default=True)
+@click.option("--priority", default=0, show_default=True, type=int)
+@click.option("--max-attempts", default=3, show_default=True, type=click.IntRange(1))
+@click.option(
+    "--delay", callback=_duration_option, default=None, help="Run no sooner than this from now (10s, 5m, 2h)."
+)
+@_url_option
+@click.pass_context
+def enqueue(
+    ctx: click.Context,
+    name: str,
+    params_json: str,
+    queue_name: str,
+    priority: int,
+    max_attempts: int,
+    delay: timedelta | None,
+    url: str | None,
+) -> None:
+    """Enqueue a task called NAME (run by workers that registered it)."""
+    try:
+        params = json.loads(params_json)
+    except json.JSONDecodeError as error:
+        raise click.BadParameter(f"not JSON: {error}", param_hint="--params") from error
+    if not isinstance(params, dict):
+        raise click.BadParameter('must be a JSON object, like {"to": "a@example.com"}', param_hint="--params")
+    with for_people(ctx, url):
+        task_id = Admin(_engine(url)).enqueue(
+            name, params, queue=queue_name, priority=priority, max_attempts=max_attempts, delay=delay
+        )
+    click.echo(f"enqueued task {task_id} ({name})")
+
+
+@cli.command()
+@_url_option
+@click.pass_context
+def status(ctx: click.Context, url: str | None) -> None:
+    """Counts per queue and status, the oldest due task's age, and expired leases."""
+    with for_people(ctx, url):
+        report = Admin(_engine(url)).status()
+    console = Console()
+    table = RichTable(title="tasks")
+    statuses = ["queued", "running", "completed", "failed", "cancelled"]
+    table.add_column("queue")
+    for name in statuses:
+        table.add_column(name, justify="right")
+    for queue_name, counts in sorted(report.counts.items()):
+        table.add_row(queue_name, *(str(counts.get(name, 0)) for name in statuses))
+    if not report.counts:
+        table.add_row("(no tasks)", *("0" for _ in statuses))
+    console.print(table)
+    if report.oldest_due_age is None:
+        console.print("oldest due task: none waiting")
+    else:
+        console.print(f"oldest due task: waiting {_human(report.oldest_due_age)}")
+    if report.expired_leases:
+        ids = ", ".join(str(task_id) for task_id in report.expired_leases[:20])
+        console.print(f"running with an expired lease (worker gone?): {len(report.expired_leases)}: {ids}")
+    else:
+        console.print("running with an expired lease: none")
+
+
+def _human(age: timedelta) -> str:
+    seconds = age.total_seconds()
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f}{unit}"
+    return f"{seconds:.1f}s"
+
+
+@cli.command()
+@click.argument("task_id", type=int, required=False)
+@click.option("--all-failed", is_flag=True, help="Retry every failed task.")
+@_url_option
+@click.pass_context
+def retry(ctx: click.Context, task_id: int | None, all_failed: bool, url: str | None) -> None:
+    """Queue a failed or cancelled task (or --all-failed) to run again now."""
+    if (task_id is None) == (not all_failed):
+        raise click.UsageError("give a TASK_ID or --all-failed (one of them)")
+    with for_people(ctx, url):
+        count = Admin(_engine(url)).retry(task_id)
+    if task_id is not None and count == 0:
+        raise Failure(f"task {task_id} is not failed or cancelled (or does not exist)")
+    click.echo(f"queued {count} task(s) to run again")
+
+
+@cli.command()
+@click.argument("task_id", type=int)
+@_url_option
+@click.pass_context
+def cancel(ctx: click.Context, task_id: int, url: str | None) -> None:
+    """Cancel a queued task so that it never runs."""
+    with for_people(ctx, url):
+        cancelled = Admin(_engine(url)).cancel(task_id)
+    if not cancelled:
+        raise Failure(f"task {task_id} is not queued (or does not exist): nothing cancelled")
+    click.echo(f"cancelled task {task_id}")
+
+
+@cli.command()
+@click.option("--completed", is_flag=True, help="Delete completed tasks.")
+@click.option("--failed", is_flag=True, help="Delete failed tasks.")
+@click.option("--cancelled", is_flag=True, help="Delete cancelled tasks.")
+@click.option(
+    "--older-than", callback=_duration_option, required=True, help="Finished longer ago than this (7d, 12h)."
+)
+@click.option("--batch-size", default=1000, show_default=True, type=click.IntRange(1))
+@_url_option
+@click.pass_context
+def purge(
+    ctx: click.Context,
+    completed: bool,
+    failed: bool,
+    cancelled: bool,
+    older_than: timedelta,
+    batch_size: int,
+    url: str | None,
+) -> None:
+    """Delete finished tasks in batches, each its own short transaction."""
+    statuses = [
+        name
+        for name, chosen in (("completed", completed), ("failed", failed), ("cancelled", cancelled))
+        if chosen
+    ]
+    if not statuses:
+        raise click.UsageError("say which: --completed, --failed and/or --cancelled")
+    with for_people(ctx, url):
+        deleted = Admin(_engine(url)).purge(statuses, older_than, batch_size)
+    click.echo(f"deleted {deleted} task(s)")
+
+
+# demo -----------------------------------------------------------------------------
+
+
+@cli.command()
+@click.option("--tasks", default=300, show_default=True, type=click.IntRange(1), help="How many tasks.")
+@click.option("--workers", default=4, show_default=True, type=click.IntRange(1), help="Worker processes.")
+@click.option("--url", default=DEFAULT_URL, show_default=True, help="Database URL (tables of its own).")
+@click.pass_context
+def demo(ctx: click.Context, tasks: int, workers: int, url: str) -> None:
+    """Enqueue TASKS tasks, drain them with WORKERS processes, and summarise."""
+    console = Console()
+    console.print(f"sa_taskqueue demo: {tasks} tasks, {workers} worker processes, {_safe(url)}")
+    with for_people(ctx, url):
+        if console.is_terminal:
+            with Progress(console=console, transient=True) as progress:
+                bar = progress.add_task("running", total=tasks)
+                summary = run_demo(url, tasks, workers, lambda done: progress.update(bar, completed=done))
+        else:
+            summary = run_demo(url, tasks, workers)
+    rate = summary.tasks / summary.seconds if summary.seconds else float("inf")
+    table = RichTable(title="summary")
+    table.add_column("")
+    table.add_column("", justify="right")
+    table.add_row("tasks", str(summary.tasks))
+    table.add_row("worker processes", str(summary.workers))
+    table.add_row("drained in", f"{summary.seconds:.2f}s")
+    table.add_row("throughput", f"{rate:,.0f} tasks/s")
+    table.add_row("statuses", ", ".join(f"{k} {v}" for k, v in sorted(summary.statuses.items())))
+    table.add_row("tasks per worker", ", ".join(str(c) for _, c in summary.runs_per_worker.most_common()))
+    table.add_row("ran exactly once", "yes" if summary.exactly_once else "NO")
+    console.print(table)
+    if summary.exactly_once:
+        console.print("every task ran exactly once")
+        return
+    twice = sorted(n for n, count in summary.runs_per_task.items() if count > 1)
+    missing = sorted(set(range(summary.tasks)) - set(summary.runs_per_task))
+    raise Failure(f"NOT exactly once: ran twice {twice[:10]}, never ran {missing[:10]}")
+
+
 def main() -> None:
-    cli(
-        prog_name=os.path.basename(sys.argv[0]) if not sys.argv[0].endswith("__main__.py") else "sa_taskqueue"
-    )
+    program = "sa_taskqueue" if sys.argv[0].endswith("__main__.py") else os.path.basename(sys.argv[0])
+    cli(prog_name=program)

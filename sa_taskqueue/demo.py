@@ -12,6 +12,7 @@ import multiprocessing
 import os
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -78,7 +79,9 @@ class DemoSummary:
         return set(self.runs_per_task) == set(range(self.tasks)) and set(self.runs_per_task.values()) == {1}
 
 
-def run_demo(url: str, tasks: int, workers: int, progress: bool = False) -> DemoSummary:
+def run_demo(
+    url: str, tasks: int, workers: int, progress: Callable[[int], None] | None = None
+) -> DemoSummary:
     """Create the demo tables, enqueue ``tasks`` tasks, drain them with ``workers`` processes."""
     engine = sa.create_engine(url)
     DemoBase.metadata.drop_all(engine)
@@ -94,15 +97,14 @@ def run_demo(url: str, tasks: int, workers: int, progress: bool = False) -> Demo
     for process in processes:
         process.start()
     while any(process.is_alive() for process in processes):
-        if progress:
-            done = _count_runs(engine)
-            print(f"\r  {done}/{tasks} tasks run", end="", flush=True)
+        if progress is not None:
+            progress(_count_runs(engine))
         time.sleep(0.2)
     seconds = time.perf_counter() - started
     for process in processes:
         process.join()
-    if progress:
-        print(f"\r  {_count_runs(engine)}/{tasks} tasks run")
+    if progress is not None:
+        progress(_count_runs(engine))
     with engine.connect() as conn:
         runs = conn.execute(sa.select(DemoRun.task_n, DemoRun.worker_pid)).all()
         statuses = conn.execute(sa.select(DemoTask.status, sa.func.count()).group_by(DemoTask.status)).all()

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from sqlalchemy import Engine, Table, inspect
+from sqlalchemy import exc as sa_exc
+
 
 class TaskQueueError(Exception):
     """Base class of every error sa_taskqueue raises on its own account."""
@@ -27,4 +33,36 @@ class DatabaseUnavailable(TaskQueueError):
     """The database could not be reached or refused the connection; the driver error is the cause."""
 
 
-__all__ = ["DatabaseUnavailable", "SchemaMissing", "StrategyError", "TaskNotRegistered", "TaskQueueError"]
+@contextmanager
+def translate_database_errors(engine: Engine, table: Table) -> Iterator[None]:
+    """Raise ours for driver errors that mean "no database" or "no table"; the original is the cause."""
+    try:
+        yield
+    except sa_exc.DBAPIError as error:
+        if error.connection_invalidated or isinstance(error, sa_exc.InterfaceError):
+            raise DatabaseUnavailable(f"lost the database connection: {error.orig}") from error
+        if isinstance(error, sa_exc.OperationalError | sa_exc.ProgrammingError) and not _has_table(
+            engine, table
+        ):
+            raise SchemaMissing(
+                f"the task table {table.name!r} does not exist: "
+                "run `sa-taskqueue migrate` (or `alembic upgrade head`)"
+            ) from error
+        raise
+
+
+def _has_table(engine: Engine, table: Table) -> bool:
+    try:
+        return inspect(engine).has_table(table.name, schema=table.schema)
+    except sa_exc.DBAPIError:
+        return True  # cannot tell; let the original error speak
+
+
+__all__ = [
+    "DatabaseUnavailable",
+    "SchemaMissing",
+    "StrategyError",
+    "TaskNotRegistered",
+    "TaskQueueError",
+    "translate_database_errors",
+]

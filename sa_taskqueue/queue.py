@@ -11,22 +11,18 @@ import socket
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast, overload
 
-from sqlalchemy import Engine, Table, inspect, update
-from sqlalchemy import exc as sa_exc
+from sqlalchemy import Engine, Table, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from sa_taskqueue.claimed import ClaimedTask
-from sa_taskqueue.exceptions import (
-    DatabaseUnavailable,
-    SchemaMissing,
-    StrategyError,
-)
+from sa_taskqueue.exceptions import StrategyError, translate_database_errors
 from sa_taskqueue.model import Task, TaskMixin, TaskStatus
+from sa_taskqueue.notify import notify_enqueued
 from sa_taskqueue.registered import RegisteredTask, TaskOptions
 from sa_taskqueue.strategies import registry
 from sa_taskqueue.strategies.base import ClaimRequest, ClaimStrategy
@@ -140,6 +136,7 @@ class TaskQueue:
         priority: int = 0,
         max_attempts: int = 3,
         retry_delay: timedelta = DEFAULT_RETRY_DELAY,
+        timeout: timedelta | float | None = None,
     ) -> Callable[[Callable[P, R]], RegisteredTask[P, R]]: ...
 
     def task(
@@ -150,6 +147,7 @@ class TaskQueue:
         priority: int = 0,
         max_attempts: int = 3,
         retry_delay: timedelta = DEFAULT_RETRY_DELAY,
+        timeout: timedelta | float | None = None,
     ) -> RegisteredTask[P, R] | Callable[[Callable[P, R]], RegisteredTask[P, R]]:
         """Register a function as a task; usable as ``@queue.task`` or ``@queue.task("name", ...)``.
 
@@ -163,7 +161,8 @@ class TaskQueue:
         _check_max_attempts(max_attempts)
         if not isinstance(retry_delay, timedelta) or retry_delay < timedelta(0):
             raise ValueError(f"retry_delay must be a non-negative timedelta, got {retry_delay!r}")
-        options = TaskOptions(queue, priority, max_attempts, retry_delay)
+        timeout_seconds = _timeout_seconds(timeout)
+        options = TaskOptions(queue, priority, max_attempts, retry_delay, timeout_seconds)
 
         def register(func: Callable[P, R]) -> RegisteredTask[P, R]:
             task_name = name if name is not None else f"{func.__module__}.{func.__qualname__}"
@@ -208,6 +207,7 @@ class TaskQueue:
         task = self._new_task(name, params, queue, priority, run_at, max_attempts)
         session.add(task)
         session.flush()
+        notify_enqueued(session, self.table, [task.queue])
         return task
 
     def enqueue_many(
@@ -228,6 +228,7 @@ class TaskQueue:
         session.add_all(tasks)
         if tasks:
             session.flush()
+            notify_enqueued(session, self.table, {task.queue for task in tasks})
         return tasks
 
     def _new_task(
@@ -420,12 +421,17 @@ class TaskQueue:
         queues: Sequence[str] | None = None,
         burst: bool = False,
         poll_interval: float = 1.0,
+        **options: Any,
     ) -> Worker:
-        """Run a worker in this thread until stopped (or, with ``burst``, until nothing is due)."""
+        """Run a `Worker` in this thread until stopped (or, with ``burst``, until nothing is due).
+
+        ``options`` are the rest of `Worker`'s arguments (``isolation``,
+        ``shutdown_timeout``, ``on_start``, ...).
+        """
         from sa_taskqueue.worker import Worker
 
         worker = Worker(
-            self, concurrency=concurrency, queues=queues, burst=burst, poll_interval=poll_interval
+            self, concurrency=concurrency, queues=queues, burst=burst, poll_interval=poll_interval, **options
         )
         worker.run()
         return worker
@@ -437,29 +443,8 @@ class TaskQueue:
 
     # Errors ----------------------------------------------------------------
 
-    @contextmanager
-    def _database_errors(self) -> Iterator[None]:
-        """Translate driver errors that mean "no database" or "no table" into ours."""
-        try:
-            yield
-        except sa_exc.DBAPIError as error:
-            if error.connection_invalidated or isinstance(error, sa_exc.InterfaceError):
-                raise DatabaseUnavailable(f"lost the database connection: {error.orig}") from error
-            if (
-                isinstance(error, sa_exc.OperationalError | sa_exc.ProgrammingError)
-                and not self._table_exists()
-            ):
-                raise SchemaMissing(
-                    f"the task table {self.table.name!r} does not exist: "
-                    "run `python -m sa_taskqueue migrate` (or `alembic upgrade head`)"
-                ) from error
-            raise
-
-    def _table_exists(self) -> bool:
-        try:
-            return inspect(self.engine).has_table(self.table.name, schema=self.table.schema)
-        except sa_exc.DBAPIError:
-            return True  # cannot tell; let the original error speak
+    def _database_errors(self) -> AbstractContextManager[None]:
+        return translate_database_errors(self.engine, self.table)
 
 
 def _engine_of(bind: Engine | sessionmaker[Session]) -> Engine:
@@ -471,6 +456,15 @@ def _engine_of(bind: Engine | sessionmaker[Session]) -> Engine:
             return engine
         raise TypeError("the sessionmaker passed as bind is not bound to an Engine")
     raise TypeError(f"bind must be an Engine or a sessionmaker, got {type(bind).__name__}")
+
+
+def _timeout_seconds(timeout: timedelta | float | None) -> float | None:
+    if timeout is None:
+        return None
+    seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds > 0:
+        raise ValueError(f"timeout must be a positive number of seconds or timedelta, got {timeout!r}")
+    return float(seconds)
 
 
 def _check_params(params: Any) -> None:

@@ -26,6 +26,9 @@ class TaskOptions:
     priority: int
     max_attempts: int
     retry_delay: timedelta
+    #: Seconds a run may take: enforced by killing the child under process
+    #: isolation, recorded as a failure after a late return under threads.
+    timeout: float | None = None
 
 
 class RegisteredTask(Generic[P, R]):

@@ -1,20 +1,34 @@
-"""The worker loop: claim, run, complete or fail, renew leases.  No SQL of its own."""
+"""The worker: claim, run, record, renew leases, shut down cleanly.  No SQL of its own.
+
+One loop claims as many tasks as there are free slots in a single claim and
+hands each to a slot: a thread, or (``isolation="process"``) a thread that
+supervises a forked child running the task.  A heartbeat thread renews the
+leases of running tasks every third of the lease, on connections of its own.
+On PostgreSQL an idle worker sleeps on LISTEN and is woken by the NOTIFY an
+enqueue sends at commit; elsewhere it polls, backing off from a short
+interval after work to ``poll_interval`` when idle.
+"""
 
 from __future__ import annotations
 
 import logging
+import os
+import random
 import signal
 import threading
 import time
-from collections.abc import Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from sqlalchemy import exc as sa_exc
 
 from sa_taskqueue.claimed import ClaimedTask
 from sa_taskqueue.exceptions import DatabaseUnavailable, TaskNotRegistered
+from sa_taskqueue.execution import ChildProcess, GivenBack, Outcome, run_in_thread
+from sa_taskqueue.notify import Listener, supports_notify
 
 if TYPE_CHECKING:
     from sa_taskqueue.queue import TaskQueue
@@ -26,16 +40,36 @@ TRANSIENT_ERRORS = (DatabaseUnavailable, sa_exc.OperationalError, sa_exc.Interfa
 
 #: Longest pause between claims after database errors.
 MAX_ERROR_BACKOFF = 30.0
+#: The first poll after a claim came back short; doubled up to ``poll_interval``.
+MIN_POLL_INTERVAL = 0.05
+
+Isolation = Literal["thread", "process"]
+StartHook = Callable[[ClaimedTask], None]
+SuccessHook = Callable[[ClaimedTask, Any], None]
+FailureHook = Callable[[ClaimedTask, BaseException], None]
+
+
+@dataclass
+class _Running:
+    """A task in a slot, and the child process running it (process isolation)."""
+
+    task: ClaimedTask
+    child: ChildProcess | None = None
+    given_back: bool = False
+    started: float = field(default_factory=time.monotonic)
 
 
 class Worker:
-    """Runs a queue's registered tasks in ``concurrency`` threads.
+    """Runs a queue's registered tasks until stopped.
 
-    Each loop claims as many tasks as there are free slots in one claim.  A
-    heartbeat thread renews the leases of running tasks every third of the
-    lease, so a task longer than the lease is not taken by another worker
-    while this one is alive.  SIGINT/SIGTERM (when run in the main thread)
-    stop the claiming; tasks already running finish first.
+    ``concurrency`` tasks run at once.  With ``burst`` the worker returns once
+    nothing is due and nothing runs.  SIGTERM or SIGINT (when run in the main
+    thread) stops claiming, lets running tasks finish for ``shutdown_timeout``
+    seconds, then gives back what still runs (queued again, the attempt not
+    counted); a second signal exits at once and leaves the rest to the leases.
+    ``on_start``, ``on_success`` and ``on_failure`` are called around each
+    task, for metrics or error reporting; an exception in a hook is logged and
+    ignored.
     """
 
     def __init__(
@@ -46,167 +80,326 @@ class Worker:
         queues: Sequence[str] | None = None,
         burst: bool = False,
         poll_interval: float = 1.0,
+        isolation: Isolation = "thread",
+        shutdown_timeout: float = 30.0,
         worker_id: str | None = None,
+        listen: bool = True,
+        on_start: StartHook | None = None,
+        on_success: SuccessHook | None = None,
+        on_failure: FailureHook | None = None,
     ) -> None:
-        if not isinstance(concurrency, int) or concurrency < 1:
+        if not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 1:
             raise ValueError(f"concurrency must be a positive integer, got {concurrency!r}")
-        if poll_interval <= 0:
+        if not poll_interval > 0:
             raise ValueError(f"poll_interval must be positive, got {poll_interval!r}")
+        if isolation not in ("thread", "process"):
+            raise ValueError(f"isolation must be 'thread' or 'process', got {isolation!r}")
+        if shutdown_timeout < 0:
+            raise ValueError(f"shutdown_timeout must not be negative, got {shutdown_timeout!r}")
+        if isinstance(queues, str):
+            raise TypeError("queues must be a sequence of queue names, not a single string")
         self.queue = queue
         self.concurrency = concurrency
         self.queues = list(queues) if queues is not None else None
         self.burst = burst
         self.poll_interval = poll_interval
+        self.isolation: Isolation = isolation
+        self.shutdown_timeout = shutdown_timeout
         self.worker_id = worker_id or queue.default_worker_id()
+        self.listen = listen
+        self.on_start = on_start
+        self.on_success = on_success
+        self.on_failure = on_failure
         self.processed = 0
         self.failed = 0
-        self._counts_lock = threading.Lock()
+        self.given_back = 0
         self._stopping = threading.Event()
-        self._running: dict[Future[None], ClaimedTask] = {}
-        self._running_lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._wake = threading.Event()
+        self._running: dict[Future[None], _Running] = {}
+        self._lock = threading.Lock()
+        self._database_down = False
+        # A driver error raised outside a statement (SQLAlchemy setting up a
+        # connection it took from the pool) arrives unwrapped.
+        dbapi = queue.engine.dialect.loaded_dbapi
+        self._transient: tuple[type[BaseException], ...] = (
+            *TRANSIENT_ERRORS,
+            getattr(dbapi, "OperationalError", sa_exc.OperationalError),
+            getattr(dbapi, "InterfaceError", sa_exc.InterfaceError),
+        )
+
+    # Control ---------------------------------------------------------------
 
     def stop(self) -> None:
-        """Stop claiming; `run` returns once the running tasks have finished."""
+        """Stop claiming; `run` returns once running tasks finish or are given back."""
         self._stopping.set()
+        self._wake.set()
+
+    @property
+    def running_tasks(self) -> list[ClaimedTask]:
+        with self._lock:
+            return [slot.task for slot in self._running.values()]
 
     def run(self) -> None:
-        restore = self._install_signal_handlers()
-        heartbeat = threading.Thread(target=self._heartbeat, name="sa_taskqueue-heartbeat", daemon=True)
-        heartbeat.start()
+        """Run until stopped (or, with ``burst``, until nothing is due)."""
+        restore_signals = self._install_signal_handlers()
+        background: list[threading.Thread] = [
+            threading.Thread(target=self._heartbeat, name="sa_taskqueue-heartbeat", daemon=True)
+        ]
+        if self.listen and not self.burst and supports_notify(self.queue.engine):
+            background.append(Listener(self.queue.engine, self.queue.table, self._notified, self._stopped))
         logger.info(
-            "worker %s started: strategy=%s concurrency=%d queues=%s",
+            "worker %s started: strategy=%s concurrency=%d isolation=%s queues=%s",
             self.worker_id,
             self.queue.strategy.name,
             self.concurrency,
+            self.isolation,
             ",".join(self.queues) if self.queues is not None else "*",
         )
+        for thread in background:
+            thread.start()
+        pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="sa_taskqueue-task")
         try:
-            with ThreadPoolExecutor(self.concurrency, thread_name_prefix="sa_taskqueue-task") as pool:
-                self._loop(pool)
+            self._loop(pool)
+            self._drain()
         finally:
-            self._stopping.set()
-            heartbeat.join()
-            restore()
-            logger.info("worker %s stopped: %d done, %d failed", self.worker_id, self.processed, self.failed)
+            self._stopped.set()
+            # Threads of tasks given back may still run; nothing waits for them.
+            pool.shutdown(wait=False, cancel_futures=True)
+            for thread in background:
+                thread.join(timeout=2)
+            restore_signals()
+            logger.info(
+                "worker %s stopped: %d done, %d failed, %d given back",
+                self.worker_id,
+                self.processed,
+                self.failed,
+                self.given_back,
+            )
+
+    # The claim loop ----------------------------------------------------------
 
     def _loop(self, pool: ThreadPoolExecutor) -> None:
+        idle_delay = MIN_POLL_INTERVAL
         error_backoff = 0.0
         while not self._stopping.is_set():
             free = self.concurrency - len(self._running)
-            claimed: list[ClaimedTask] = []
-            if free > 0:
-                try:
-                    claimed = self.queue.claim(limit=free, queues=self.queues, worker_id=self.worker_id)
-                    error_backoff = 0.0
-                except TRANSIENT_ERRORS as error:
-                    # A lost connection, a deadlock victim, a lock wait that
-                    # timed out, an exhausted pool: try again, more slowly.
-                    error_backoff = min(max(error_backoff * 2, 0.5), MAX_ERROR_BACKOFF)
-                    logger.error("claim failed, retrying in %.1fs: %s", error_backoff, error)
-                    self._stopping.wait(error_backoff)
-                    continue
-                for task in claimed:
-                    future = pool.submit(self._execute, task)
-                    with self._running_lock:
-                        self._running[future] = task
+            if free == 0:
+                self._wait(None)
+                continue
+            self._wake.clear()
+            try:
+                claimed = self.queue.claim(limit=free, queues=self.queues, worker_id=self.worker_id)
+            except self._transient as error:
+                error_backoff = min(max(error_backoff * 2, 0.5), MAX_ERROR_BACKOFF)
+                self._database_trouble(error, error_backoff)
+                self._stopping.wait(error_backoff)
+                continue
+            error_backoff = 0.0
+            self._database_back()
+            for task in claimed:
+                slot = _Running(task)
+                future = pool.submit(self._execute, slot)
+                with self._lock:
+                    self._running[future] = slot
+                future.add_done_callback(self._slot_freed)
+            if len(claimed) == free:
+                idle_delay = MIN_POLL_INTERVAL
+                continue  # every slot taken: wait for one below, then claim again
             if not claimed and not self._running and self.burst:
                 return
-            if self._running and (free == 0 or claimed):
-                # Busy: wait for a slot (or, having just claimed, loop to fill the rest).
-                timeout = None if free == 0 or len(claimed) == free else 0
-                done, _ = wait(list(self._running), timeout=timeout, return_when=FIRST_COMPLETED)
-                self._reap(done)
-            elif self._running:
-                done, _ = wait(list(self._running), timeout=self.poll_interval, return_when=FIRST_COMPLETED)
-                self._reap(done)
-            elif not claimed:
-                self._stopping.wait(self.poll_interval)
-        # Stopping: let what runs finish.
-        done, _ = wait(list(self._running))
-        self._reap(done)
+            # A short claim: poll again soon, backing off while nothing comes.
+            idle_delay = MIN_POLL_INTERVAL if claimed else min(idle_delay * 2, self.poll_interval)
+            self._wait(idle_delay * random.uniform(0.8, 1.2))
 
-    def _reap(self, done: set[Future[None]]) -> None:
-        with self._running_lock:
-            for future in done:
-                self._running.pop(future, None)
+    def _wait(self, timeout: float | None) -> None:
+        """Sleep until a slot frees, a notification arrives, a stop is asked for, or ``timeout``."""
+        self._wake.wait(timeout)
+        self._wake.clear()
 
-    def _execute(self, task: ClaimedTask) -> None:
+    def _slot_freed(self, future: Future[None]) -> None:
+        with self._lock:
+            self._running.pop(future, None)
+        self._wake.set()
+
+    def _notified(self, queue_name: str) -> None:
+        if not queue_name or self.queues is None or queue_name in self.queues:
+            self._wake.set()
+
+    def _drain(self) -> None:
+        """Let running tasks finish within ``shutdown_timeout``, then give back the rest."""
+        deadline = time.monotonic() + self.shutdown_timeout
+        while self._running and time.monotonic() < deadline:
+            self._wake.wait(min(0.1, max(deadline - time.monotonic(), 0)))
+            self._wake.clear()
+        with self._lock:
+            leftover = list(self._running.values())
+        for slot in leftover:
+            slot.given_back = True
+            if slot.child is not None:
+                slot.child.kill()
+            try:
+                released = self.queue.release(slot.task)
+            except self._transient as error:
+                logger.error(
+                    "task %d %s: could not give it back (%s); its lease will", *_ids(slot.task), error
+                )
+                continue
+            if released:
+                self.given_back += 1
+                logger.info(
+                    "task %d %s attempt %d given back unfinished", *_ids(slot.task), slot.task.attempts
+                )
+
+    # One task -----------------------------------------------------------------
+
+    def _execute(self, slot: _Running) -> None:
+        task = slot.task
         registered = self.queue.registered(task.name)
-        started = time.perf_counter()
-        try:
-            if registered is None:
-                # Only registered functions run: a row's name is never imported.
-                raise TaskNotRegistered(task.name)
-            logger.info("task %d %s attempt %d started", task.id, task.name, task.attempts)
-            result = registered.func(**task.params)
-        except BaseException as error:  # noqa: BLE001 - a task's failure is data, whatever it is
-            with self._counts_lock:
+        logger.info("task %d %s attempt %d started", *_ids(task), task.attempts)
+        self._hook(self.on_start, task)
+        if registered is None:
+            # Only registered functions run: a row's name is never imported.
+            outcome = Outcome(error=TaskNotRegistered(task.name))
+        elif self.isolation == "process":
+            slot.child = ChildProcess(registered.func, task.params, self._after_fork)
+            outcome = slot.child.wait(registered.options.timeout)
+        else:
+            outcome = run_in_thread(registered.func, task.params, registered.options.timeout)
+        if slot.given_back or isinstance(outcome.error, GivenBack):
+            return
+        duration = time.monotonic() - slot.started
+        if outcome.error is None:
+            with self._lock:
+                self.processed += 1
+            logger.info("task %d %s attempt %d done in %.3fs", *_ids(task), task.attempts, duration)
+            self._record(task, outcome)
+            self._hook(self.on_success, task, outcome.result)
+        else:
+            with self._lock:
                 self.failed += 1
             logger.warning(
-                "task %d %s attempt %d failed after %.3fs: %r",
-                task.id,
-                task.name,
+                "task %d %s attempt %d failed after %.3fs: %s",
+                *_ids(task),
                 task.attempts,
-                time.perf_counter() - started,
-                error,
+                duration,
+                outcome.error,
             )
-            self._record(self.queue.fail, task, error)
-            return
-        with self._counts_lock:
-            self.processed += 1
-        logger.info(
-            "task %d %s attempt %d done in %.3fs",
-            task.id,
-            task.name,
-            task.attempts,
-            time.perf_counter() - started,
-        )
-        self._record(self.queue.complete, task, result)
+            self._record(task, outcome)
+            self._hook(self.on_failure, task, outcome.error)
 
-    def _record(self, outcome: Any, task: ClaimedTask, value: Any) -> None:
-        try:
-            recorded = outcome(task, value)
-        except TRANSIENT_ERRORS as error:
-            # The lease runs out and the task is claimed again: at least once.
-            logger.error("task %d %s: could not record the outcome: %s", task.id, task.name, error)
-            return
-        except Exception as error:
-            if outcome == self.queue.fail:
-                logger.exception("task %d %s: could not record the failure", task.id, task.name)
+    def _after_fork(self) -> None:
+        # The child inherited the pool's connections; it must not use them,
+        # nor close them (closing sends the server a goodbye that would end
+        # the parent's sessions).  The task opens fresh ones if it needs any.
+        self.queue.engine.dispose(close=False)
+
+    def _record(self, task: ClaimedTask, outcome: Outcome) -> None:
+        """Write the outcome, retrying through a database outage for as long as the lease lasts.
+
+        Giving up early would run the task again after its lease: at least
+        once, but needlessly twice.
+        """
+        backoff = 0.25
+        # Past one lease from now the write would be refused anyway.
+        give_up_at = time.monotonic() + self.queue.lease.total_seconds()
+        while True:
+            try:
+                if outcome.error is None:
+                    try:
+                        recorded = self.queue.complete(task, outcome.result)
+                    except TypeError as error:
+                        # A result that cannot be stored (not JSON): the run
+                        # failed as far as anyone reading the row can tell.
+                        outcome = Outcome(error=error)
+                        continue
+                else:
+                    error_value: BaseException | str = outcome.error_text or outcome.error
+                    recorded = self.queue.fail(task, error_value)
+            except self._transient as error:
+                self._database_trouble(error, backoff)
+                if time.monotonic() > give_up_at or self._stopped.is_set():
+                    logger.error("task %d %s: outcome not recorded; it will run again", *_ids(task))
+                    return
+                time.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+                continue
+            except sa_exc.DBAPIError as error:
+                if outcome.error is None:
+                    # The database refused the result itself (e.g. NaN in JSON).
+                    logger.warning("task %d %s: its result cannot be stored: %s", *_ids(task), error.orig)
+                    outcome = Outcome(error=error)
+                    continue
+                logger.exception("task %d %s: could not record the failure", *_ids(task))
                 return
-            logger.warning("task %d %s: its result cannot be stored: %s", task.id, task.name, error)
-            self._record(self.queue.fail, task, error)
+            self._database_back()
+            if not recorded:
+                logger.warning("task %d %s: outcome not recorded, the task was taken over", *_ids(task))
             return
-        if not recorded:
-            logger.warning(
-                "task %d %s: outcome not recorded, the lease was lost to another worker", task.id, task.name
-            )
+
+    def _hook(self, hook: Callable[..., None] | None, *args: Any) -> None:
+        if hook is None:
+            return
+        try:
+            hook(*args)
+        except Exception:
+            logger.exception("the %s hook raised", getattr(hook, "__name__", "worker"))
+
+    # Heartbeat ---------------------------------------------------------------
 
     def _heartbeat(self) -> None:
         interval = self.queue.lease.total_seconds() / 3
-        while not self._stopping.wait(interval):
-            with self._running_lock:
-                tasks = list(self._running.values())
+        while not self._stopped.wait(interval):
+            tasks = self.running_tasks
             if not tasks:
                 continue
             try:
                 renewed = self.queue.extend_leases(tasks)
-            except Exception as error:  # noqa: BLE001 - the heartbeat must outlive a bad moment
-                logger.error("lease renewal failed: %s", error)
+            except self._transient as error:
+                self._database_trouble(error, interval)
                 continue
             lost = {task.id for task in tasks} - renewed
             if lost:
-                logger.warning("lost the lease of task(s) %s", sorted(lost))
+                logger.warning("lost the lease of task(s) %s: another worker may run them", sorted(lost))
 
-    def _install_signal_handlers(self) -> Any:
+    # Database outages ----------------------------------------------------------
+
+    def _database_trouble(self, error: BaseException, retry_in: float) -> None:
+        """One clear line when the database goes away; quiet while it stays away."""
+        with self._lock:
+            first = not self._database_down
+            self._database_down = True
+        message = getattr(error, "orig", None) or error
+        if first:
+            logger.error("database unavailable, retrying every few seconds: %s", str(message).strip())
+        else:
+            logger.debug("database still unavailable (next try in %.1fs): %s", retry_in, message)
+
+    def _database_back(self) -> None:
+        with self._lock:
+            was_down = self._database_down
+            self._database_down = False
+        if was_down:
+            logger.info("database is back")
+
+    # Signals -------------------------------------------------------------------
+
+    def _install_signal_handlers(self) -> Callable[[], None]:
         if threading.current_thread() is not threading.main_thread():
             return lambda: None
 
         def on_signal(signum: int, _frame: FrameType | None) -> None:
+            name = signal.Signals(signum).name
             if self._stopping.is_set():
-                raise KeyboardInterrupt
-            logger.info("received %s: finishing running tasks, claiming no more", signal.Signals(signum).name)
-            self._stopping.set()
+                logger.warning("received %s again: exiting now; leases will free the running tasks", name)
+                logging.shutdown()
+                os._exit(1)
+            logger.info(
+                "received %s: claiming no more, giving running tasks %gs to finish",
+                name,
+                self.shutdown_timeout,
+            )
+            self.stop()
 
         previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
 
@@ -215,3 +408,7 @@ class Worker:
                 signal.signal(sig, handler)
 
         return restore
+
+
+def _ids(task: ClaimedTask) -> tuple[int, str]:
+    return task.id, task.name

@@ -63,6 +63,21 @@ def make_queue(engine: sa.Engine, strategy: str | None, lease: timedelta) -> tq.
     def boom(message: str) -> None:
         raise ValueError(message)
 
+    @queue.task(name="exit_hard")
+    def exit_hard(code: int) -> None:
+        os._exit(code)
+
+    @queue.task(name="segfault")
+    def segfault() -> None:
+        import ctypes
+
+        ctypes.string_at(0)
+
+    @queue.task(name="slow", timeout=timedelta(seconds=0.5))
+    def slow(seconds: float) -> str:
+        time.sleep(seconds)
+        return "finished late"
+
     return queue
 
 

@@ -346,3 +346,22 @@ def load_started_at(engine: sa.Engine, task_id: int) -> datetime:
         value = conn.scalar(sa.select(TABLE.c.started_at).where(TABLE.c.id == task_id))
     assert value is not None
     return value
+
+
+@pytest.mark.backends("mysql", "mariadb")
+def test_mysql_claims_under_read_committed(engine: sa.Engine) -> None:
+    strategy = SkipLockedStrategy()
+    with strategy.transaction(engine) as conn:
+        conn.execute(locking_select(TABLE, REQUEST, TABLE.c.id).limit(1))
+        level = conn.execute(
+            sa.text(
+                "SELECT trx_isolation_level FROM information_schema.innodb_trx "
+                "WHERE trx_mysql_thread_id = CONNECTION_ID()"
+            )
+        ).scalar_one()
+    assert level == "READ COMMITTED"
+    with engine.connect() as conn:
+        # MariaDB still calls it tx_isolation; MySQL 8 only transaction_isolation.
+        variable = "tx_isolation" if getattr(conn.dialect, "is_mariadb", False) else "transaction_isolation"
+        session_level = conn.execute(sa.text(f"SELECT @@SESSION.{variable}")).scalar_one()
+    assert session_level == "REPEATABLE-READ", "the application's own transactions are left alone"

@@ -160,11 +160,12 @@ class SkipLockedStrategy(ClaimStrategy):
         # Under MySQL's default REPEATABLE READ a locking read also takes gap
         # locks on the index range it walked, which block enqueues into that
         # range and deadlock concurrent claimers; READ COMMITTED locks only
-        # the rows it returns.
-        with engine.connect() as conn:
-            conn = conn.execution_options(isolation_level="READ COMMITTED")
-            with conn.begin():
-                yield conn
+        # the rows it returns.  SET TRANSACTION (no SESSION) applies to this
+        # transaction alone: one statement, nothing to reset afterwards, and
+        # sent through SQLAlchemy, which notices a dead connection.
+        with engine.begin() as conn:
+            conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+            yield conn
 
 
 #: Execution option: how many rows the driver may fetch per round trip.

@@ -1,0 +1,150 @@
+"""Operations on the task table for people and scripts: the command line's backend.
+
+None of these needs the application's task functions: they work on rows.
+Each runs in short transactions of its own; ``purge`` deletes in batches so
+that clearing millions of finished rows never holds a long lock.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import Engine, Table, delete, func, select, update
+from sqlalchemy.orm import Session
+
+from sa_taskqueue.exceptions import translate_database_errors
+from sa_taskqueue.model import Task, TaskMixin, TaskStatus
+from sa_taskqueue.notify import notify_enqueued
+from sa_taskqueue.types import utcnow
+
+
+@dataclass
+class StatusReport:
+    """What ``sa-taskqueue status`` shows."""
+
+    counts: dict[str, dict[str, int]] = field(default_factory=dict)  # queue -> status -> count
+    oldest_due_age: timedelta | None = None
+    expired_leases: list[int] = field(default_factory=list)
+
+
+class Admin:
+    """Row-level operations on one task table."""
+
+    def __init__(self, engine: Engine, model: type[TaskMixin] = Task) -> None:
+        self.engine = engine
+        self.model = model
+        table = getattr(model, "__table__", None)
+        assert isinstance(table, Table)
+        self.table: Table = table
+
+    def enqueue(
+        self,
+        name: str,
+        params: dict[str, Any],
+        *,
+        queue: str = "default",
+        priority: int = 0,
+        max_attempts: int = 3,
+        delay: timedelta | None = None,
+    ) -> int:
+        """Insert one task by name (no registration is checked here: workers check it)."""
+        now = utcnow()
+        with translate_database_errors(self.engine, self.table), Session(self.engine) as session:
+            task = self.model(
+                name=name,
+                params=params,
+                queue=queue,
+                priority=priority,
+                max_attempts=max_attempts,
+                run_at=now + delay if delay else now,
+            )  # type: ignore[call-arg]
+            session.add(task)
+            session.flush()
+            notify_enqueued(session, self.table, [queue])
+            session.commit()
+            return task.id
+
+    def status(self) -> StatusReport:
+        t = self.table
+        now = utcnow()
+        report = StatusReport()
+        with translate_database_errors(self.engine, self.table), self.engine.connect() as conn:
+            counts: dict[str, dict[str, int]] = defaultdict(dict)
+            for queue, status, count in conn.execute(
+                select(t.c.queue, t.c.status, func.count()).group_by(t.c.queue, t.c.status)
+            ):
+                counts[queue][TaskStatus(status).value] = count
+            report.counts = dict(counts)
+            oldest = conn.scalar(
+                select(func.min(t.c.run_at)).where(t.c.status == TaskStatus.QUEUED, t.c.run_at <= now)
+            )
+            if oldest is not None:
+                report.oldest_due_age = now - oldest
+            report.expired_leases = list(
+                conn.scalars(
+                    select(t.c.id)
+                    .where(t.c.status == TaskStatus.RUNNING, t.c.locked_until < now)
+                    .order_by(t.c.id)
+                    .limit(1000)
+                )
+            )
+        return report
+
+    def retry(self, task_id: int | None) -> int:
+        """Queue a failed or cancelled task (or, with None, every failed task) to run now, afresh."""
+        t = self.table
+        condition = (
+            t.c.status.in_([TaskStatus.FAILED, TaskStatus.CANCELLED])
+            if task_id is not None
+            else (t.c.status == TaskStatus.FAILED)
+        )
+        if task_id is not None:
+            condition = condition & (t.c.id == task_id)
+        with translate_database_errors(self.engine, self.table), self.engine.begin() as conn:
+            result = conn.execute(
+                update(t)
+                .where(condition)
+                .values(
+                    status=TaskStatus.QUEUED,
+                    run_at=utcnow(),
+                    attempts=0,
+                    finished_at=None,
+                    locked_by=None,
+                    locked_until=None,
+                )
+            )
+        return result.rowcount
+
+    def cancel(self, task_id: int) -> bool:
+        t = self.table
+        with translate_database_errors(self.engine, self.table), self.engine.begin() as conn:
+            result = conn.execute(
+                update(t)
+                .where(t.c.id == task_id, t.c.status == TaskStatus.QUEUED)
+                .values(status=TaskStatus.CANCELLED, finished_at=utcnow())
+            )
+        return result.rowcount == 1
+
+    def purge(self, statuses: list[str], older_than: timedelta, batch_size: int = 1000) -> int:
+        """Delete finished tasks older than ``older_than``, ``batch_size`` rows per transaction."""
+        t = self.table
+        cutoff = utcnow() - older_than
+        wanted = [TaskStatus(status) for status in statuses]
+        deleted = 0
+        with translate_database_errors(self.engine, self.table):
+            while True:
+                with self.engine.begin() as conn:
+                    ids = list(
+                        conn.scalars(
+                            select(t.c.id)
+                            .where(t.c.status.in_(wanted), t.c.finished_at < cutoff)
+                            .order_by(t.c.id)
+                            .limit(batch_size)
+                        )
+                    )
+                    if not ids:
+                        return deleted
+                    deleted += conn.execute(delete(t).where(t.c.id.in_(ids))).rowcount

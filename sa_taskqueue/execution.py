@@ -1,0 +1,157 @@
+"""Running one task's function: in the worker's thread, or in a child process of its own.
+
+A child process is the stronger wall: a segfault, ``os._exit`` or a leak in a
+task ends that child alone, and a timeout can be enforced by killing it.  A
+thread shares the worker's fate; its timeout can only be noticed afterwards.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import signal
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+from sa_taskqueue.exceptions import TaskQueueError
+
+
+class TaskTimeout(TaskQueueError):
+    """A task ran longer than the timeout set on ``@queue.task``."""
+
+
+class TaskProcessDied(TaskQueueError):
+    """A task's child process ended without reporting (a crash, ``os._exit``, a signal)."""
+
+
+class TaskRaised(TaskQueueError):
+    """A task raised in its child process; the message carries the child's traceback."""
+
+    def __init__(self, type_name: str, message: str, formatted: str) -> None:
+        super().__init__(f"{type_name}: {message}")
+        self.type_name = type_name
+        self.formatted = formatted
+
+
+class GivenBack(Exception):
+    """The worker gave the task back (shutting down) and killed its process: nothing to record."""
+
+
+@dataclass
+class Outcome:
+    """What running a task came to: a result, or an error to record."""
+
+    result: Any = None
+    error: BaseException | None = None
+    error_text: str | None = None  # a child's formatted traceback, kept verbatim
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def run_in_thread(func: Callable[..., Any], params: dict[str, Any], timeout: float | None) -> Outcome:
+    """Call ``func`` here.  A timeout is cooperative: a late return is recorded as a failure."""
+    started = time.monotonic()
+    try:
+        result = func(**params)
+    except BaseException as error:  # noqa: BLE001 - a task's failure is data, whatever it is
+        return Outcome(error=error)
+    elapsed = time.monotonic() - started
+    if timeout is not None and elapsed > timeout:
+        late = TaskTimeout(
+            f"ran {elapsed:.1f}s, over its {timeout:g}s timeout "
+            "(thread isolation cannot stop a task; use isolation='process' to enforce it)"
+        )
+        return Outcome(error=late)
+    return Outcome(result=result)
+
+
+class ChildProcess:
+    """One task run in a forked child, reporting back through a pipe."""
+
+    def __init__(
+        self, func: Callable[..., Any], params: dict[str, Any], after_fork: Callable[[], None]
+    ) -> None:
+        context = multiprocessing.get_context("fork")
+        self._receive, send = context.Pipe(duplex=False)
+        self._process = context.Process(
+            target=_child_main, args=(send, func, params, after_fork), daemon=True
+        )
+        self._process.start()
+        send.close()
+        self.killed = False
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid
+
+    def kill(self) -> None:
+        """Stop the child now (shutdown or timeout)."""
+        self.killed = True
+        if self._process.is_alive():
+            self._process.kill()
+
+    def wait(self, timeout: float | None) -> Outcome:
+        """Wait for the child's report, killing it once ``timeout`` has passed."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        message: tuple[Any, ...] | None = None
+        while True:
+            step = 0.2 if deadline is None else max(0.0, min(0.2, deadline - time.monotonic()))
+            # The pipe also turns readable when the child dies: recv then
+            # raises EOFError, since the child held the only sending end.
+            if self._receive.poll(step):
+                try:
+                    message = self._receive.recv()
+                except EOFError:
+                    message = None
+                break
+            if deadline is not None and time.monotonic() >= deadline:
+                self.kill()
+                self._process.join()
+                self._receive.close()
+                return Outcome(error=TaskTimeout(f"killed after its {timeout:g}s timeout"))
+        self._process.join()
+        self._receive.close()
+        if self.killed:
+            return Outcome(error=GivenBack())
+        if message is None:
+            return Outcome(error=TaskProcessDied(_describe_exit(self._process.exitcode)))
+        if message[0] == "ok":
+            return Outcome(result=message[1])
+        _, type_name, text, formatted = message
+        return Outcome(error=TaskRaised(type_name, text, formatted), error_text=formatted)
+
+
+def _child_main(
+    send: Connection, func: Callable[..., Any], params: dict[str, Any], after_fork: Callable[[], None]
+) -> None:
+    # Default signal handling: the worker's handlers are the parent's business.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    after_fork()
+    try:
+        result = func(**params)
+    except BaseException as error:  # noqa: BLE001 - reported to the parent, whatever it is
+        send.send(("error", type(error).__qualname__, str(error), "".join(traceback.format_exception(error))))
+    else:
+        try:
+            send.send(("ok", result))
+        except Exception as error:  # noqa: BLE001 - an unpicklable result
+            send.send(("error", type(error).__qualname__, f"result cannot be sent back: {error}", ""))
+    send.close()
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "the task's process vanished"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"the task's process was killed by {name}"
+    return f"the task's process exited with code {code} without reporting a result"

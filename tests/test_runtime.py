@@ -1,0 +1,259 @@
+"""The production worker: shutdown, process isolation, timeouts, outages, wake-ups, hooks, logs."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import time
+from datetime import timedelta
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+import sa_taskqueue as tq
+from tests.app import executions
+from tests.backends import Backend
+from tests.helpers import start_cli, task_row, task_rows, wait_until
+
+WORKER = ("worker", "tests.cli_app:queue", "--poll-interval", "0.1")
+
+
+def enqueue(
+    queue: tq.TaskQueue, engine: sa.Engine, name: str, params: dict[str, object], **options: object
+) -> int:
+    with Session(engine) as session:
+        task_id = queue.enqueue(session, name, params, **options).id  # type: ignore[arg-type]
+        session.commit()
+    return task_id
+
+
+def stop(worker: object, sig: int = signal.SIGTERM, timeout: float = 30) -> tuple[int, str]:
+    worker.send_signal(sig)  # type: ignore[attr-defined]
+    _, err = worker.communicate(timeout=timeout)  # type: ignore[attr-defined]
+    return worker.returncode, err  # type: ignore[attr-defined]
+
+
+def test_sigterm_lets_a_running_task_finish_then_exits_0(
+    backend: Backend, engine: sa.Engine, queue: tq.TaskQueue, strategy_name: str
+) -> None:
+    task_id = enqueue(queue, engine, "record", {"key": 1, "sleep": 1.5})
+    worker = start_cli(
+        *WORKER, "--shutdown-timeout", "30", url=backend.url, SA_TASKQUEUE_TEST_STRATEGY=strategy_name
+    )
+    try:
+        wait_until(lambda: task_row(engine, task_id).status == tq.TaskStatus.RUNNING, 30, "the task to start")
+        returncode, err = stop(worker)
+    finally:
+        worker.kill()
+    assert returncode == 0, err
+    assert task_row(engine, task_id).status == tq.TaskStatus.COMPLETED
+    assert executions(engine) == {1: 1}
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_sigterm_gives_back_a_task_that_outlasts_the_shutdown_timeout(
+    backend: Backend, engine: sa.Engine, queue: tq.TaskQueue, strategy_name: str, isolation: str
+) -> None:
+    task_id = enqueue(queue, engine, "hang", {"key": 7})
+    worker = start_cli(
+        *WORKER,
+        "--shutdown-timeout",
+        "0.5",
+        "--isolation",
+        isolation,
+        url=backend.url,
+        SA_TASKQUEUE_TEST_STRATEGY=strategy_name,
+    )
+    try:
+        wait_until(lambda: executions(engine).get(7) == 1, 30, "the task to start")
+        returncode, err = stop(worker)
+    finally:
+        worker.kill()
+    assert returncode == 0, err
+    row = task_row(engine, task_id)
+    assert (row.status, row.attempts) == (tq.TaskStatus.QUEUED, 0), "given back, the attempt not counted"
+    assert "given back" in err
+    [again] = queue.claim()
+    assert (again.id, again.attempts) == (task_id, 1), "claimable at once by the next worker"
+
+
+def test_a_second_signal_stops_at_once(backend: Backend, engine: sa.Engine, queue: tq.TaskQueue) -> None:
+    enqueue(queue, engine, "hang", {"key": 7})
+    worker = start_cli(*WORKER, "--shutdown-timeout", "600", url=backend.url)
+    try:
+        wait_until(lambda: executions(engine).get(7) == 1, 30, "the task to start")
+        worker.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        returncode, _ = stop(worker, signal.SIGINT, timeout=15)
+    finally:
+        worker.kill()
+    assert returncode != 0
+    assert task_rows(engine)[0].status == tq.TaskStatus.RUNNING, "left to its lease"
+
+
+def test_process_isolation_contains_crashes_and_enforces_timeouts(
+    backend: Backend, engine: sa.Engine, queue: tq.TaskQueue, strategy_name: str
+) -> None:
+    ids = {
+        "exit": enqueue(queue, engine, "exit_hard", {"code": 3}, max_attempts=1),
+        "segfault": enqueue(queue, engine, "segfault", {}, max_attempts=1),
+        "timeout": enqueue(queue, engine, "slow", {"seconds": 60}, max_attempts=1),
+        "raises": enqueue(queue, engine, "boom", {"message": "in a child"}, max_attempts=1),
+        "fine": enqueue(queue, engine, "record", {"key": 1}),
+    }
+    worker = start_cli(
+        *WORKER,
+        "--isolation",
+        "process",
+        "--concurrency",
+        "2",
+        "--burst",
+        url=backend.url,
+        SA_TASKQUEUE_TEST_STRATEGY=strategy_name,
+    )
+    _, err = worker.communicate(timeout=120)
+    assert worker.returncode == 0, err
+    rows = {name: task_row(engine, task_id) for name, task_id in ids.items()}
+    assert rows["fine"].status == tq.TaskStatus.COMPLETED
+    assert executions(engine) == {1: 1}
+    for name in ("exit", "segfault", "timeout", "raises"):
+        assert rows[name].status == tq.TaskStatus.FAILED, name
+    assert "exited with code 3" in (rows["exit"].last_error or "")
+    assert "SIGSEGV" in (rows["segfault"].last_error or "")
+    assert "killed after its 0.5s timeout" in (rows["timeout"].last_error or "")
+    assert "ValueError: in a child" in (rows["raises"].last_error or "")
+    assert "Traceback" in (rows["raises"].last_error or "")
+
+
+def test_a_thread_task_that_returns_after_its_timeout_is_failed(
+    queue: tq.TaskQueue, engine: sa.Engine
+) -> None:
+    task_id = enqueue(queue, engine, "slow", {"seconds": 0.8}, max_attempts=1)
+    queue.run_worker(burst=True, poll_interval=0.05)
+    row = task_row(engine, task_id)
+    assert row.status == tq.TaskStatus.FAILED
+    assert "over its 0.5s timeout" in (row.last_error or "")
+
+
+def test_hooks_see_every_start_success_and_failure(queue: tq.TaskQueue, engine: sa.Engine) -> None:
+    ok = enqueue(queue, engine, "record", {"key": 1})
+    bad = enqueue(queue, engine, "boom", {"message": "nope"}, max_attempts=1)
+    seen: list[tuple[str, int, object]] = []
+
+    def broken_hook(task: tq.ClaimedTask, result: object) -> None:
+        seen.append(("success", task.id, result))
+        raise RuntimeError("a broken metrics hook must not break the worker")
+
+    queue.run_worker(
+        burst=True,
+        poll_interval=0.05,
+        on_start=lambda task: seen.append(("start", task.id, None)),
+        on_success=broken_hook,
+        on_failure=lambda task, error: seen.append(("failure", task.id, type(error).__name__)),
+    )
+    assert sorted(seen, key=str) == sorted(
+        [("start", ok, None), ("start", bad, None), ("success", ok, 1), ("failure", bad, "ValueError")],
+        key=str,
+    )
+    assert task_row(engine, ok).status == tq.TaskStatus.COMPLETED
+
+
+def test_json_logs_one_object_per_line_with_task_start_and_end(
+    backend: Backend, engine: sa.Engine, queue: tq.TaskQueue
+) -> None:
+    task_id = enqueue(queue, engine, "record", {"key": 1})
+    worker = start_cli(*WORKER, "--burst", "--log-format", "json", url=backend.url)
+    _, err = worker.communicate(timeout=60)
+    assert worker.returncode == 0, err
+    entries = [json.loads(line) for line in err.splitlines() if line.strip()]
+    messages = [entry["message"] for entry in entries]
+    assert f"task {task_id} record attempt 1 started" in messages
+    assert any(m.startswith(f"task {task_id} record attempt 1 done in ") for m in messages)
+    assert {entry["logger"] for entry in entries} == {"sa_taskqueue"}
+
+
+def drop_connections(engine: sa.Engine) -> int:
+    """Kill every other session on this database, as a failover or an admin would."""
+    with engine.connect() as conn:
+        if conn.dialect.name == "postgresql":
+            killed = conn.execute(
+                sa.text(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
+            ).scalar_one()
+            conn.commit()
+            return int(killed)
+        ids = (
+            conn.execute(
+                sa.text(
+                    "SELECT id FROM information_schema.processlist "
+                    "WHERE db = DATABASE() AND id <> CONNECTION_ID()"
+                )
+            )
+            .scalars()
+            .all()
+        )
+        for session_id in ids:
+            with contextlib.suppress(sa.exc.DBAPIError):  # it ended by itself meanwhile
+                conn.execute(sa.text(f"KILL CONNECTION {int(session_id)}"))
+        return len(ids)
+
+
+@pytest.mark.backends("postgres", "mysql", "mariadb")
+def test_the_worker_survives_its_connections_being_killed(
+    backend: Backend, engine: sa.Engine, queue: tq.TaskQueue
+) -> None:
+    worker = start_cli(*WORKER, "--concurrency", "2", url=backend.url)
+    try:
+        first = enqueue(queue, engine, "record", {"key": 1})
+        wait_until(lambda: task_row(engine, first).status == tq.TaskStatus.COMPLETED, 30, "the first task")
+        engine.dispose()  # our own pooled connections would be killed too
+        assert drop_connections(engine) >= 1
+        engine.dispose()
+        second = enqueue(queue, engine, "record", {"key": 2})
+        wait_until(lambda: task_row(engine, second).status == tq.TaskStatus.COMPLETED, 60, "the second task")
+        returncode, err = stop(worker)
+    finally:
+        worker.kill()
+    assert returncode == 0, err
+    assert executions(engine) == {1: 1, 2: 1}, "nothing lost, nothing run twice"
+    assert "Traceback" not in err, err
+
+
+@pytest.mark.backends("postgres")
+def test_notify_wakes_an_idle_worker_long_before_its_poll(
+    backend: Backend, engine: sa.Engine, queue: tq.TaskQueue
+) -> None:
+    worker = start_cli("worker", "tests.cli_app:queue", "--poll-interval", "120", url=backend.url)
+    try:
+        time.sleep(3)  # idle: its next poll is two minutes away
+        task_id = enqueue(queue, engine, "record", {"key": 1})
+        wait_until(lambda: task_row(engine, task_id).status == tq.TaskStatus.COMPLETED, 30, "the NOTIFY")
+        returncode, err = stop(worker)
+    finally:
+        worker.kill()
+    assert returncode == 0, err
+
+
+def test_a_rolled_back_enqueue_wakes_nobody_and_leaves_nothing(
+    queue: tq.TaskQueue, engine: sa.Engine
+) -> None:
+    with Session(engine) as session:
+        queue.enqueue(session, "record", {"key": 1})
+        session.rollback()
+    assert task_rows(engine) == []
+    assert queue.claim() == []
+
+
+def test_worker_refuses_bad_settings(queue: tq.TaskQueue) -> None:
+    with pytest.raises(ValueError, match="isolation"):
+        tq.Worker(queue, isolation="fiber")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="concurrency"):
+        tq.Worker(queue, concurrency=0)
+    with pytest.raises(TypeError, match="queues"):
+        tq.Worker(queue, queues="default")
+    with pytest.raises(ValueError, match="timeout"):
+        queue.task(name="x", timeout=timedelta(0))(print)
