@@ -35,6 +35,7 @@ def stop(worker: object, sig: int = signal.SIGTERM, timeout: float = 30) -> tupl
     return worker.returncode, err  # type: ignore[attr-defined]
 
 
+@pytest.mark.slow
 def test_sigterm_lets_a_running_task_finish_then_exits_0(
     backend: Backend, engine: sa.Engine, queue: tq.TaskQueue, strategy_name: str
 ) -> None:
@@ -52,6 +53,7 @@ def test_sigterm_lets_a_running_task_finish_then_exits_0(
     assert executions(engine) == {1: 1}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("isolation", ["thread", "process"])
 def test_sigterm_gives_back_a_task_that_outlasts_the_shutdown_timeout(
     backend: Backend, engine: sa.Engine, queue: tq.TaskQueue, strategy_name: str, isolation: str
@@ -79,6 +81,7 @@ def test_sigterm_gives_back_a_task_that_outlasts_the_shutdown_timeout(
     assert (again.id, again.attempts) == (task_id, 1), "claimable at once by the next worker"
 
 
+@pytest.mark.slow
 def test_a_second_signal_stops_at_once(backend: Backend, engine: sa.Engine, queue: tq.TaskQueue) -> None:
     enqueue(queue, engine, "hang", {"key": 7})
     worker = start_cli(*WORKER, "--shutdown-timeout", "600", url=backend.url)
@@ -93,6 +96,7 @@ def test_a_second_signal_stops_at_once(backend: Backend, engine: sa.Engine, queu
     assert task_rows(engine)[0].status == tq.TaskStatus.RUNNING, "left to its lease"
 
 
+@pytest.mark.slow
 def test_process_isolation_contains_crashes_and_enforces_timeouts(
     backend: Backend, engine: sa.Engine, queue: tq.TaskQueue, strategy_name: str
 ) -> None:
@@ -160,6 +164,7 @@ def test_hooks_see_every_start_success_and_failure(queue: tq.TaskQueue, engine: 
     assert task_row(engine, ok).status == tq.TaskStatus.COMPLETED
 
 
+@pytest.mark.slow
 def test_json_logs_one_object_per_line_with_task_start_and_end(
     backend: Backend, engine: sa.Engine, queue: tq.TaskQueue
 ) -> None:
@@ -202,6 +207,7 @@ def drop_connections(engine: sa.Engine) -> int:
         return len(ids)
 
 
+@pytest.mark.slow
 @pytest.mark.backends("postgres", "mysql", "mariadb")
 def test_the_worker_survives_its_connections_being_killed(
     backend: Backend, engine: sa.Engine, queue: tq.TaskQueue
@@ -223,6 +229,7 @@ def test_the_worker_survives_its_connections_being_killed(
     assert "Traceback" not in err, err
 
 
+@pytest.mark.slow
 @pytest.mark.backends("postgres")
 def test_notify_wakes_an_idle_worker_long_before_its_poll(
     backend: Backend, engine: sa.Engine, queue: tq.TaskQueue
