@@ -99,6 +99,14 @@ def queue(engine: sa.Engine, strategy_name: str, lease: timedelta) -> Iterator[t
 
 
 @pytest.fixture
+def default_queue(engine: sa.Engine, lease: timedelta) -> Iterator[tq.TaskQueue]:
+    """The test application's queue on the strategy the registry picks, for tests of the runtime."""
+    queue = make_queue(engine, None, lease)
+    yield queue
+    queue.close()
+
+
+@pytest.fixture
 def session(engine: sa.Engine) -> Iterator[Session]:
     with Session(engine) as session:
         yield session
