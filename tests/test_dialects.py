@@ -235,12 +235,28 @@ def test_mysql_rejects_limit_inside_an_in_subquery(engine: sa.Engine) -> None:
     assert raised.value.orig.args[0] == 1235  # type: ignore[union-attr]
 
 
-def explain(conn: sa.Connection, statement: sa.Executable) -> str:
-    compiled = statement.compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True})
+def explain(conn: sa.Connection, statement: sa.Executable, params: dict[str, object]) -> str:
+    """The plan of ``statement`` exactly as the strategy runs it, with SQLAlchemy's own parameters."""
     prefix = {"sqlite": "EXPLAIN QUERY PLAN ", "postgresql": "EXPLAIN ", "mysql": "EXPLAIN "}[
         conn.dialect.name
     ]
-    return "\n".join(" ".join(map(str, row)) for row in conn.exec_driver_sql(prefix + str(compiled)))
+    plan: list[tuple[object, ...]] = []
+
+    def rewrite(_c: object, _cur: object, sql: str, parameters: object, *_rest: object) -> tuple[str, object]:
+        return prefix + sql, parameters
+
+    def capture(_c: object, cursor: object, *_rest: object) -> None:
+        plan.extend(cursor.fetchall())  # type: ignore[attr-defined]
+
+    sa.event.listen(conn, "before_cursor_execute", rewrite, retval=True)
+    sa.event.listen(conn, "after_cursor_execute", capture)
+    try:
+        with conn.begin():
+            conn.execute(statement, params)
+    finally:
+        sa.event.remove(conn, "before_cursor_execute", rewrite)
+        sa.event.remove(conn, "after_cursor_execute", capture)
+    return "\n".join(" ".join(map(str, row)) for row in plan)
 
 
 @pytest.mark.backends("postgres", "mysql", "mariadb", "sqlite")
@@ -277,7 +293,7 @@ def test_the_claim_walks_the_claim_index_past_finished_rows(engine: sa.Engine) -
         "sqlite": ConditionalUpdateStrategy().sqlite_claim(TABLE, REQUEST),
     }[engine.dialect.name]
     with engine.connect() as conn:
-        plan = explain(conn, claim)
+        plan = explain(conn, claim, REQUEST.params())
     assert "ix_sa_taskqueue_task_claim" in plan, plan
     assert "Seq Scan" not in plan and "SCAN sa_taskqueue_task\n" not in plan + "\n", plan
     # ... in claim order, with no sort step after it.
@@ -352,7 +368,7 @@ def load_started_at(engine: sa.Engine, task_id: int) -> datetime:
 def test_mysql_claims_under_read_committed(engine: sa.Engine) -> None:
     strategy = SkipLockedStrategy()
     with strategy.transaction(engine) as conn:
-        conn.execute(locking_select(TABLE, REQUEST, TABLE.c.id).limit(1))
+        conn.execute(locking_select(TABLE, REQUEST, TABLE.c.id).limit(1), REQUEST.params())
         level = conn.execute(
             sa.text(
                 "SELECT trx_isolation_level FROM information_schema.innodb_trx "

@@ -139,7 +139,8 @@ class AdvisoryLockStrategy(ClaimStrategy):
                     select(table.c.id)
                     .where(due_clause(table, request))
                     .order_by(*claim_order(table))
-                    .limit(request.limit * 2 + 8)
+                    .limit(request.limit * 2 + 8),
+                    request.params(),
                 )
             )
             locked = locks.try_lock(conn, candidates)
@@ -175,11 +176,11 @@ class AdvisoryLockStrategy(ClaimStrategy):
             .values(**claimed_values(table, request))
         )
         if conn.dialect.update_returning:
-            return [dict(row) for row in conn.execute(claim.returning(*table.c)).mappings()]
+            return [dict(row) for row in conn.execute(claim.returning(*table.c), request.params()).mappings()]
         # MySQL and MariaDB have no UPDATE ... RETURNING.  We hold these rows'
         # locks, so the rows we just marked are exactly those now running
         # under our worker id.
-        conn.execute(claim)
+        conn.execute(claim, request.params())
         rows = conn.execute(
             select(table).where(
                 table.c.id.in_(ids),

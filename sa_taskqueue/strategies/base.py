@@ -10,13 +10,26 @@ table, so one strategy serves `Task` and any application table mapped with
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, ClassVar
 
-from sqlalchemy import ColumnElement, Connection, Engine, Table, and_, case, literal, select, update
+from sqlalchemy import (
+    BindParameter,
+    ColumnElement,
+    Connection,
+    Engine,
+    Integer,
+    Table,
+    and_,
+    bindparam,
+    case,
+    literal,
+    select,
+    update,
+)
 from sqlalchemy.engine import Dialect
 
 from sa_taskqueue.claimed import ClaimedTask
@@ -35,6 +48,33 @@ class ClaimRequest:
     worker_id: str
     now: datetime
     lease_until: datetime
+
+    def params(self) -> dict[str, Any]:
+        """The values of the bound parameters that `due_clause` and `claimed_values` leave open."""
+        params: dict[str, Any] = {
+            LIMIT: self.limit,
+            NOW: self.now,
+            WORKER: self.worker_id,
+            LEASE_UNTIL: self.lease_until,
+        }
+        if self.queues is not None:
+            params[QUEUES] = list(self.queues)
+        return params
+
+    @property
+    def shape(self) -> tuple[bool]:
+        """What changes the claim statement's SQL (not just its parameters): a queue filter or none."""
+        return (self.queues is not None,)
+
+
+# Claim statements are built once per shape and run with these parameters:
+# building SQLAlchemy constructs costs more per claim than a round trip does.
+# (Not column names: those are taken by the SET clause's own parameters.)
+LIMIT = "claim_limit"
+NOW = "claim_now"
+WORKER = "claim_worker"
+LEASE_UNTIL = "claim_lease_until"
+QUEUES = "claim_queues"
 
 
 class ClaimStrategy(ABC):
@@ -88,7 +128,7 @@ class ClaimStrategy(ABC):
         Used for every transition out of RUNNING (completed, failed, retried,
         given back), so one ownership test guards them all.
         """
-        with self.transaction(engine) as conn:
+        with self.single_statement(engine) as conn:
             result = conn.execute(update(table).where(self.holds(table, task, now)).values(**values))
         return result.rowcount == 1
 
@@ -142,11 +182,37 @@ class ClaimStrategy(ABC):
     def close(self) -> None:
         """Release whatever the strategy holds (connections, locks)."""
 
+    def statement(self, name: str, table: Table, request: ClaimRequest, build: Callable[[], Any]) -> Any:
+        """The statement ``name`` for this table and request shape, built on first use."""
+        cache: dict[tuple[Any, ...], Any] = self.__dict__.setdefault("_statements", {})
+        key = (name, table, request.shape)
+        found = cache.get(key)
+        if found is None:
+            found = cache[key] = build()
+        return found
+
     @contextmanager
     def transaction(self, engine: Engine) -> Iterator[Connection]:
         """A connection in a transaction that commits on success and rolls back on error."""
         with engine.begin() as conn:
             yield conn
+
+    @contextmanager
+    def single_statement(self, engine: Engine) -> Iterator[Connection]:
+        """A connection for one statement that is atomic on its own (a claim, a completion).
+
+        On PostgreSQL that is autocommit: its drivers send BEGIN and COMMIT as
+        round trips of their own, which would triple the cost of every claim
+        and completion, while switching them to autocommit is a client-side
+        flag.  Elsewhere it is the strategy's transaction: MySQL drivers pay a
+        round trip to switch autocommit, and SQLite needs BEGIN IMMEDIATE.
+        """
+        if engine.dialect.name != "postgresql":
+            with self.transaction(engine) as conn:
+                yield conn
+            return
+        with engine.connect() as conn:
+            yield conn.execution_options(isolation_level="AUTOCOMMIT")
 
 
 def same_claim(table: Table, task: ClaimedTask) -> ColumnElement[bool]:
@@ -165,11 +231,19 @@ def same_claim(table: Table, task: ClaimedTask) -> ColumnElement[bool]:
 
 
 def due_clause(table: Table, request: ClaimRequest) -> ColumnElement[bool]:
-    """Queued, due, and (when asked) in one of the requested queues."""
-    clause = and_(table.c.status == TaskStatus.QUEUED, table.c.run_at <= request.now)
+    """Queued, due, and (when asked) in one of the requested queues; values from `ClaimRequest.params`."""
+    clause = and_(
+        table.c.status == TaskStatus.QUEUED,
+        table.c.run_at <= bindparam(NOW, type_=table.c.run_at.type),
+    )
     if request.queues is not None:
-        clause = and_(clause, table.c.queue.in_(request.queues))
+        clause = and_(clause, table.c.queue.in_(bindparam(QUEUES, expanding=True)))
     return clause
+
+
+def limit_param() -> BindParameter[int]:
+    """The claim's row limit, bound at execution."""
+    return bindparam(LIMIT, type_=Integer())
 
 
 def claim_order(table: Table) -> tuple[Any, ...]:
@@ -182,9 +256,9 @@ def claimed_values(table: Table, request: ClaimRequest) -> dict[str, Any]:
     return {
         "status": TaskStatus.RUNNING,
         "attempts": table.c.attempts + 1,
-        "started_at": request.now,
-        "locked_by": request.worker_id,
-        "locked_until": request.lease_until,
+        "started_at": bindparam(NOW, type_=table.c.started_at.type),
+        "locked_by": bindparam(WORKER, type_=table.c.locked_by.type),
+        "locked_until": bindparam(LEASE_UNTIL, type_=table.c.locked_until.type),
     }
 
 
@@ -219,5 +293,6 @@ __all__ = [
     "claim_order",
     "claimed_values",
     "due_clause",
+    "limit_param",
     "orphan_values",
 ]

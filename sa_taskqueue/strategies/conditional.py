@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Table, event, select, update
+from sqlalchemy import Connection, Engine, Table, bindparam, event, select, update
 from sqlalchemy.pool import ConnectionPoolEntry
 
 from sa_taskqueue.strategies.base import (
@@ -22,7 +22,11 @@ from sa_taskqueue.strategies.base import (
     claim_order,
     claimed_values,
     due_clause,
+    limit_param,
 )
+
+CANDIDATE_ID = "candidate_id"
+CANDIDATE_ATTEMPTS = "candidate_attempts"
 
 #: How long a SQLite connection waits for another process's write lock before
 #: giving up with "database is locked".  Claims hold it for milliseconds.
@@ -58,7 +62,7 @@ class ConditionalUpdateStrategy(ClaimStrategy):
             select(table.c.id)
             .where(due_clause(table, request))
             .order_by(*claim_order(table))
-            .limit(request.limit)
+            .limit(limit_param())
             .scalar_subquery()
         )
         return (
@@ -71,35 +75,46 @@ class ConditionalUpdateStrategy(ClaimStrategy):
     def _claim_returning(self, engine: Engine, table: Table, request: ClaimRequest) -> list[dict[str, Any]]:
         # Inside a write transaction begun IMMEDIATE no other process can write
         # between this UPDATE's subquery and its update, so it is exact.
+        claim = self.statement("claim", table, request, lambda: self.sqlite_claim(table, request))
         with self.transaction(engine) as conn:
-            rows = conn.execute(self.sqlite_claim(table, request)).mappings().all()
+            rows = conn.execute(claim, request.params()).mappings().all()
         return [dict(row) for row in rows]
 
     def _claim_row_by_row(self, engine: Engine, table: Table, request: ClaimRequest) -> list[dict[str, Any]]:
         # Without RETURNING (MySQL, MariaDB) and without a database-wide write
         # lock, each candidate is taken by its own compare-and-set UPDATE, whose
         # row count says whether this claimer won it.
+        candidates = self.statement(
+            "candidates",
+            table,
+            request,
+            lambda: (
+                select(table)
+                .where(due_clause(table, request))
+                .order_by(*claim_order(table))
+                .limit(limit_param())
+            ),
+        )
+        take = self.statement(
+            "take",
+            table,
+            request,
+            lambda: (
+                update(table)
+                .where(
+                    table.c.id == bindparam(CANDIDATE_ID),
+                    table.c.attempts == bindparam(CANDIDATE_ATTEMPTS),
+                    due_clause(table, request),
+                )
+                .values(**claimed_values(table, request))
+            ),
+        )
+        params = request.params()
         claimed: list[dict[str, Any]] = []
         with self.transaction(engine) as conn:
-            candidates = (
-                conn.execute(
-                    select(table)
-                    .where(due_clause(table, request))
-                    .order_by(*claim_order(table))
-                    .limit(request.limit)
-                )
-                .mappings()
-                .all()
-            )
-            for row in candidates:
+            for row in conn.execute(candidates, params).mappings().all():
                 won = conn.execute(
-                    update(table)
-                    .where(
-                        table.c.id == row["id"],
-                        table.c.attempts == row["attempts"],
-                        due_clause(table, request),
-                    )
-                    .values(**claimed_values(table, request))
+                    take, {**params, CANDIDATE_ID: row["id"], CANDIDATE_ATTEMPTS: row["attempts"]}
                 )
                 if won.rowcount == 1:
                     claimed.append(apply_claim(row, request))

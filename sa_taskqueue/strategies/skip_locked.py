@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Select, Table, event, select, update
+from sqlalchemy import Connection, Engine, Select, Table, bindparam, event, select, update
 from sqlalchemy.engine import Dialect
 
 from sa_taskqueue.dialects import MYSQL_FAMILY, is_mariadb, is_mysql_family
@@ -27,6 +27,7 @@ from sa_taskqueue.strategies.base import (
     claim_order,
     claimed_values,
     due_clause,
+    limit_param,
 )
 
 
@@ -76,7 +77,7 @@ class SkipLockedStrategy(ClaimStrategy):
         lets the planner re-run the subquery (on a join or a recheck) and
         claim more than n rows.
         """
-        claimable = locking_select(table, request, table.c.id).limit(request.limit).cte("claimable")
+        claimable = locking_select(table, request, table.c.id).limit(limit_param()).cte("claimable")
         return (
             update(table)
             .where(table.c.id == claimable.c.id)
@@ -87,8 +88,9 @@ class SkipLockedStrategy(ClaimStrategy):
     def _claim_in_one_statement(
         self, engine: Engine, table: Table, request: ClaimRequest
     ) -> list[dict[str, Any]]:
-        with self.transaction(engine) as conn:
-            rows = conn.execute(self.one_statement_claim(table, request)).mappings().all()
+        claim = self.statement("claim", table, request, lambda: self.one_statement_claim(table, request))
+        with self.single_statement(engine) as conn:
+            rows = conn.execute(claim, request.params()).mappings().all()
         return [dict(row) for row in rows]
 
     # MySQL and MariaDB --------------------------------------------------------
@@ -98,14 +100,15 @@ class SkipLockedStrategy(ClaimStrategy):
         # an IN (...) subquery (error 1235), so the claim is two statements in
         # one transaction: lock the whole rows, then update them by id.  The
         # rows as claimed are computed from what was read, not read again.
+        lock = self.statement(
+            "lock", table, request, lambda: locking_select(table, request, table).limit(limit_param())
+        )
+        mark = self.statement("mark", table, request, lambda: mark_claimed(table, request))
+        params = request.params()
         with self.transaction(engine) as conn:
-            rows = conn.execute(locking_select(table, request, table).limit(request.limit)).mappings().all()
+            rows = conn.execute(lock, params).mappings().all()
             if rows:
-                conn.execute(
-                    update(table)
-                    .where(table.c.id.in_([row["id"] for row in rows]))
-                    .values(**claimed_values(table, request))
-                )
+                conn.execute(mark, {**params, CLAIMED_IDS: [row["id"] for row in rows]})
         return [apply_claim(row, request) for row in rows]
 
     # Oracle -------------------------------------------------------------------
@@ -126,17 +129,16 @@ class SkipLockedStrategy(ClaimStrategy):
     def _claim_from_unbounded_cursor(
         self, engine: Engine, table: Table, request: ClaimRequest
     ) -> list[dict[str, Any]]:
+        lock = self.statement("lock", table, request, lambda: self.oracle_locking_select(table, request))
+        mark = self.statement("mark", table, request, lambda: mark_claimed(table, request))
+        params = request.params()
         with self.transaction(engine) as conn:
-            cursor = conn.execute(
-                self.oracle_locking_select(table, request).execution_options(
-                    **{FETCH_ROWS_OPTION: request.limit}
-                )
-            )
+            cursor = conn.execute(lock.execution_options(**{FETCH_ROWS_OPTION: request.limit}), params)
             ids = [row[0] for row in cursor.fetchmany(request.limit)]
             cursor.close()
             if not ids:
                 return []
-            conn.execute(update(table).where(table.c.id.in_(ids)).values(**claimed_values(table, request)))
+            conn.execute(mark, {**params, CLAIMED_IDS: ids})
             rows = conn.execute(select(table).where(table.c.id.in_(ids))).mappings().all()
         return [dict(row) for row in rows]
 
@@ -182,6 +184,18 @@ def _size_oracle_fetch(
     if rows:
         cursor.prefetchrows = rows
         cursor.arraysize = rows
+
+
+CLAIMED_IDS = "claimed_ids"
+
+
+def mark_claimed(table: Table, request: ClaimRequest) -> Any:
+    """UPDATE the rows whose ids are bound as ``claimed_ids`` to claimed."""
+    return (
+        update(table)
+        .where(table.c.id.in_(bindparam(CLAIMED_IDS, expanding=True)))
+        .values(**claimed_values(table, request))
+    )
 
 
 def locking_select(table: Table, request: ClaimRequest, *columns: Any) -> Select[Any]:

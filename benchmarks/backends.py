@@ -1,0 +1,39 @@
+"""Where the benchmarks run: the same URLs (and variables) as the test suite."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+
+DEFAULT_URLS = {
+    "postgres": "postgresql+psycopg://postgres@127.0.0.1:5432/test",
+    "mariadb": "mysql+pymysql://root@127.0.0.1:3306/test",
+    "sqlite": "sqlite:///benchmarks/results/bench.db",
+}
+
+
+@dataclass(frozen=True)
+class BenchBackend:
+    name: str
+    url: str
+
+    @property
+    def dialect(self) -> str:
+        return sa.make_url(self.url).get_backend_name()
+
+
+def backend(name: str) -> BenchBackend:
+    env = f"SA_TASKQUEUE_BENCH_{name.upper()}_URL"
+    return BenchBackend(name, os.environ.get(env) or DEFAULT_URLS[name])
+
+
+def fresh_table(url: str) -> None:
+    """Drop and create the library's table (the benchmarks own the database they are pointed at)."""
+    import sa_taskqueue as tq
+
+    engine = sa.create_engine(url)
+    tq.metadata.drop_all(engine)
+    tq.metadata.create_all(engine)
+    engine.dispose()

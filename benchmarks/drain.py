@@ -1,0 +1,94 @@
+"""Drain throughput: N no-op tasks, W processes, claim batch B; tasks/s and an exactly-once check."""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import sqlalchemy as sa
+
+from benchmarks.backends import fresh_table
+from benchmarks.clients import make_client
+
+
+def seed(url: str, count: int, **overrides: Any) -> None:
+    """Insert ``count`` due no-op tasks in one multi-row statement per chunk."""
+    import sa_taskqueue as tq
+
+    engine = sa.create_engine(url)
+    now = datetime.now(UTC)
+    row = {
+        "name": "noop", "queue": "default", "priority": 0, "params": {}, "status": tq.TaskStatus.QUEUED,
+        "run_at": now - timedelta(seconds=1), "attempts": 0, "max_attempts": 3, "created_at": now,
+    }
+    row.update(overrides)
+    with engine.begin() as conn:
+        for start in range(0, count, 5000):
+            conn.execute(tq.Task.__table__.insert(), [row] * min(5000, count - start))
+    engine.dispose()
+
+
+def _drain_worker(implementation: str, url: str, batch: int, ready: Any, go: Any, results: Any) -> None:
+    client = make_client(implementation, url, batch)
+    ready.release()
+    go.wait()
+    done: list[int] = []
+    last = time.perf_counter()
+    empty = 0
+    while empty < 3:
+        tasks = client.claim()
+        if not tasks:
+            empty += 1
+            time.sleep(0.01)
+            continue
+        empty = 0
+        for task_id, _params in tasks:
+            client.complete(task_id)
+            done.append(task_id)
+        last = time.perf_counter()
+    client.close()
+    results.put((done, last))
+
+
+@dataclass
+class DrainResult:
+    seconds: float
+    tasks: int
+    exactly_once: bool
+
+    @property
+    def rate(self) -> float:
+        return self.tasks / self.seconds
+
+
+def drain(implementation: str, url: str, tasks: int, workers: int, batch: int) -> DrainResult:
+    """One run: fresh table, ``tasks`` tasks, ``workers`` processes racing to empty it."""
+    fresh_table(url)
+    seed(url, tasks)
+    context = multiprocessing.get_context("spawn")
+    ready = context.Semaphore(0)
+    go = context.Event()
+    results = context.Queue()
+    processes = [
+        context.Process(target=_drain_worker, args=(implementation, url, batch, ready, go, results))
+        for _ in range(workers)
+    ]
+    for process in processes:
+        process.start()
+    for _ in processes:
+        ready.acquire()
+    started = time.perf_counter()
+    go.set()
+    outcomes = [results.get(timeout=600) for _ in processes]
+    for process in processes:
+        process.join()
+    done = [task_id for ids, _ in outcomes for task_id in ids]
+    finished = max(last for _, last in outcomes)
+    return DrainResult(
+        seconds=max(finished - started, 1e-9),
+        tasks=len(done),
+        exactly_once=len(done) == tasks and len(set(done)) == tasks,
+    )
