@@ -91,7 +91,11 @@ class PostgresClient:
 
         u = sa.make_url(url)
         self.conn = psycopg.connect(
-            host=u.host, port=u.port or 5432, user=u.username, password=u.password, dbname=u.database,
+            host=u.host,
+            port=u.port or 5432,
+            user=u.username,
+            password=u.password,
+            dbname=u.database,
             autocommit=True,
         )
         self.args = {"batch": batch, "worker": _worker_id()}
@@ -114,7 +118,11 @@ class MariaDBClient:
 
         u = sa.make_url(url)
         self.conn = pymysql.connect(
-            host=u.host, port=u.port or 3306, user=u.username, password=u.password or "", database=u.database,
+            host=u.host,
+            port=u.port or 3306,
+            user=u.username,
+            password=u.password or "",
+            database=u.database,
             autocommit=False,
         )
         with self.conn.cursor() as cursor:

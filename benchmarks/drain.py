@@ -21,8 +21,15 @@ def seed(url: str, count: int, **overrides: Any) -> None:
     engine = sa.create_engine(url)
     now = datetime.now(UTC)
     row = {
-        "name": "noop", "queue": "default", "priority": 0, "params": {}, "status": tq.TaskStatus.QUEUED,
-        "run_at": now - timedelta(seconds=1), "attempts": 0, "max_attempts": 3, "created_at": now,
+        "name": "noop",
+        "queue": "default",
+        "priority": 0,
+        "params": {},
+        "status": tq.TaskStatus.QUEUED,
+        "run_at": now - timedelta(seconds=1),
+        "attempts": 0,
+        "max_attempts": 3,
+        "created_at": now,
     }
     row.update(overrides)
     with engine.begin() as conn:

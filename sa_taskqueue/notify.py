@@ -35,8 +35,18 @@ def notify_enqueued(session: Session, table: Table, queues: Iterable[str]) -> No
     if bind.dialect.name != "postgresql":
         return
     channel = channel_name(table)
+    # One notification per queue and transaction is all a commit delivers
+    # anyway, so a loop of enqueues pays for the first one only.
+    # (The transaction itself is kept, not its id, which a later one could reuse.)
+    transaction = session.get_transaction()
+    remembered = session.info.get("sa_taskqueue_notified")
+    if remembered is None or remembered[0] is not transaction:
+        remembered = session.info["sa_taskqueue_notified"] = (transaction, set())
+    already: set[tuple[str, str]] = remembered[1]
     for queue in sorted(set(queues)):
-        session.execute(select(func.pg_notify(channel, queue)))
+        if (channel, queue) not in already:
+            session.execute(select(func.pg_notify(channel, queue)))
+            already.add((channel, queue))
 
 
 class Listener(threading.Thread):

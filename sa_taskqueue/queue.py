@@ -16,7 +16,7 @@ from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast, overload
 
-from sqlalchemy import Engine, Table, update
+from sqlalchemy import Engine, Table, event, insert, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from sa_taskqueue.claimed import ClaimedTask
@@ -220,18 +220,37 @@ class TaskQueue:
         priority: int | None = None,
         run_at: datetime | None = None,
         max_attempts: int | None = None,
-    ) -> list[TaskMixin]:
-        """Add one task per params dict to ``session`` and flush them together; the caller commits."""
-        tasks = [
-            self._new_task(name, params, queue, priority, run_at, max_attempts) for params in params_list
-        ]
-        session.add_all(tasks)
-        if tasks:
-            session.flush()
-            notify_enqueued(session, self.table, {task.queue for task in tasks})
-        return tasks
+        chunk_size: int = 1000,
+    ) -> list[int] | None:
+        """Add one task per params dict in the caller's transaction; the caller commits.
 
-    def _new_task(
+        One multi-row INSERT per ``chunk_size`` tasks, without ORM objects.
+        Every argument is checked before the first row is sent.  Returns the
+        new ids in order, or None where the database cannot return them from
+        a multi-row INSERT (MySQL).
+        """
+        rows = [
+            self._task_values(name, params, queue, priority, run_at, max_attempts) for params in params_list
+        ]
+        if not rows:
+            return []
+        dialect = session.get_bind().dialect
+        returning = bool(getattr(dialect, "insert_executemany_returning_sort_by_parameter_order", False))
+        statement = insert(self.table)
+        ids: list[int] = []
+        for start in range(0, len(rows), chunk_size):
+            chunk = rows[start : start + chunk_size]
+            if returning:
+                result = session.execute(
+                    statement.returning(self.table.c.id, sort_by_parameter_order=True), chunk
+                )
+                ids.extend(result.scalars())
+            else:
+                session.execute(statement, chunk)
+        notify_enqueued(session, self.table, {row["queue"] for row in rows})
+        return ids if returning else None
+
+    def _task_values(
         self,
         name: str,
         params: dict[str, Any] | None,
@@ -239,7 +258,7 @@ class TaskQueue:
         priority: int | None,
         run_at: datetime | None,
         max_attempts: int | None,
-    ) -> TaskMixin:
+    ) -> dict[str, Any]:
         registered = self._tasks.get(name) if isinstance(name, str) else None
         if registered is None:
             known = ", ".join(repr(n) for n in self.task_names) or "none"
@@ -260,19 +279,31 @@ class TaskQueue:
             if run_at.tzinfo is None or run_at.utcoffset() is None:
                 raise ValueError(f"run_at must be timezone-aware, got naive {run_at!r}")
         now = utcnow()
+        return {
+            "name": name,
+            "params": params,
+            "queue": queue if queue is not None else options.queue,
+            "priority": priority if priority is not None else options.priority,
+            "max_attempts": max_attempts if max_attempts is not None else options.max_attempts,
+            "run_at": run_at if run_at is not None else now,
+            "status": TaskStatus.QUEUED,
+            "attempts": 0,
+            "created_at": now,
+        }
+
+    def _new_task(
+        self,
+        name: str,
+        params: dict[str, Any] | None,
+        queue: str | None,
+        priority: int | None,
+        run_at: datetime | None,
+        max_attempts: int | None,
+    ) -> TaskMixin:
+        values = self._task_values(name, params, queue, priority, run_at, max_attempts)
         # The mixin declares no constructor; the mapped subclass gets the declarative one.
         model = cast("Callable[..., TaskMixin]", self.model)
-        return model(
-            name=name,
-            params=params,
-            queue=queue if queue is not None else options.queue,
-            priority=priority if priority is not None else options.priority,
-            max_attempts=max_attempts if max_attempts is not None else options.max_attempts,
-            run_at=run_at if run_at is not None else now,
-            status=TaskStatus.QUEUED,
-            attempts=0,
-            created_at=now,
-        )
+        return model(**values)
 
     # Claim and finish ------------------------------------------------------
 
@@ -320,6 +351,46 @@ class TaskQueue:
         with self._database_errors():
             rows = strategy.claim(self.engine, self.table, request)
         return sorted((ClaimedTask.from_row(row) for row in rows), key=lambda t: t.sort_key)
+
+    def explain_claim(self, *, limit: int = 10, queues: Sequence[str] | None = None) -> str:
+        """The database's plan for the statement a claim runs to find its rows (nothing is claimed).
+
+        For checking that the claim walks its index, however many finished
+        rows the table holds.
+        """
+        now = utcnow()
+        request = ClaimRequest(
+            limit=limit,
+            queues=tuple(queues) if queues is not None else None,
+            worker_id="explain",
+            now=now,
+            lease_until=now + self.lease,
+        )
+        statement = self.strategy.finding_statement(self.engine.dialect, self.table, request)
+        prefix = {"sqlite": "EXPLAIN QUERY PLAN ", "oracle": "EXPLAIN PLAN FOR "}.get(
+            self.engine.dialect.name, "EXPLAIN "
+        )
+        plan: list[Any] = []
+
+        def explain(_conn: Any, _cursor: Any, sql: str, parameters: Any, *_rest: Any) -> tuple[str, Any]:
+            return prefix + sql, parameters
+
+        def capture(_conn: Any, cursor: Any, *_rest: Any) -> None:
+            if cursor.description is not None:
+                plan.extend(cursor.fetchall())
+
+        # The statement is run exactly as a claim runs it, bound the same way,
+        # with EXPLAIN put in front of it on its way to the driver.
+        with self._database_errors(), self.engine.connect() as conn:
+            event.listen(conn, "before_cursor_execute", explain, retval=True)
+            event.listen(conn, "after_cursor_execute", capture)
+            try:
+                with conn.begin():
+                    conn.execute(statement, request.params())
+            finally:
+                event.remove(conn, "before_cursor_execute", explain)
+                event.remove(conn, "after_cursor_execute", capture)
+        return "\n".join(" ".join(str(value) for value in row) for row in plan)
 
     def recover(self) -> int:
         """Give back tasks whose worker is gone (lease expired, or advisory lock free); return how many."""

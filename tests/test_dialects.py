@@ -235,30 +235,6 @@ def test_mysql_rejects_limit_inside_an_in_subquery(engine: sa.Engine) -> None:
     assert raised.value.orig.args[0] == 1235  # type: ignore[union-attr]
 
 
-def explain(conn: sa.Connection, statement: sa.Executable, params: dict[str, object]) -> str:
-    """The plan of ``statement`` exactly as the strategy runs it, with SQLAlchemy's own parameters."""
-    prefix = {"sqlite": "EXPLAIN QUERY PLAN ", "postgresql": "EXPLAIN ", "mysql": "EXPLAIN "}[
-        conn.dialect.name
-    ]
-    plan: list[tuple[object, ...]] = []
-
-    def rewrite(_c: object, _cur: object, sql: str, parameters: object, *_rest: object) -> tuple[str, object]:
-        return prefix + sql, parameters
-
-    def capture(_c: object, cursor: object, *_rest: object) -> None:
-        plan.extend(cursor.fetchall())  # type: ignore[attr-defined]
-
-    sa.event.listen(conn, "before_cursor_execute", rewrite, retval=True)
-    sa.event.listen(conn, "after_cursor_execute", capture)
-    try:
-        with conn.begin():
-            conn.execute(statement, params)
-    finally:
-        sa.event.remove(conn, "before_cursor_execute", rewrite)
-        sa.event.remove(conn, "after_cursor_execute", capture)
-    return "\n".join(" ".join(map(str, row)) for row in plan)
-
-
 @pytest.mark.backends("postgres", "mysql", "mariadb", "sqlite")
 def test_the_claim_walks_the_claim_index_past_finished_rows(engine: sa.Engine) -> None:
     finished = [
@@ -286,14 +262,8 @@ def test_the_claim_walks_the_claim_index_past_finished_rows(engine: sa.Engine) -
                 "sqlite": "ANALYZE",
             }[conn.dialect.name]
         )
-    # The statement each strategy really runs to find its rows.
-    claim: sa.Executable = {
-        "postgresql": SkipLockedStrategy().one_statement_claim(TABLE, REQUEST),
-        "mysql": locking_select(TABLE, REQUEST, TABLE).limit(10),
-        "sqlite": ConditionalUpdateStrategy().sqlite_claim(TABLE, REQUEST),
-    }[engine.dialect.name]
-    with engine.connect() as conn:
-        plan = explain(conn, claim, REQUEST.params())
+    # The statement the default strategy really runs to find its rows.
+    plan = tq.TaskQueue(engine).explain_claim(limit=10)
     assert "ix_sa_taskqueue_task_claim" in plan, plan
     assert "Seq Scan" not in plan and "SCAN sa_taskqueue_task\n" not in plan + "\n", plan
     # ... in claim order, with no sort step after it.

@@ -190,10 +190,10 @@ class AdvisoryLockStrategy(ClaimStrategy):
         ).mappings()
         return [dict(row) for row in rows]
 
-    def holds(self, table: Table, task: ClaimedTask, now: datetime) -> ColumnElement[bool]:
+    def holds(self, table: Table) -> ColumnElement[bool]:
         # The advisory lock, not the lease, says who owns the task: the row is
         # ours while it is still this claim's, however long the task runs.
-        return same_claim(table, task)
+        return same_claim(table)
 
     def finish(self, engine: Engine, table: Table, task: ClaimedTask, values: Any, now: datetime) -> bool:
         key = (task.id, task.locked_by, task.attempts, task.started_at)
@@ -207,9 +207,7 @@ class AdvisoryLockStrategy(ClaimStrategy):
             if key not in holder.claims:
                 return super().finish(engine, table, task, values, now)
             try:
-                result = holder.conn.execute(
-                    update(table).where(self.holds(table, task, now)).values(**values)
-                )
+                result = holder.conn.execute(*self.finish_statement(table, task, values, now))
             except DBAPIError as error:
                 if error.connection_invalidated:
                     # The connection, and with it every lock it held, is gone.

@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 
 from sqlalchemy import (
     BindParameter,
+    ClauseElement,
     ColumnElement,
     Connection,
     Engine,
@@ -120,6 +121,18 @@ class ClaimStrategy(ABC):
         any order.  No row is returned to two concurrent callers.
         """
 
+    def finding_statement(self, dialect: Dialect, table: Table, request: ClaimRequest) -> Any:
+        """The statement whose plan decides how fast a claim finds its rows (what EXPLAIN should see).
+
+        Its parameters are `ClaimRequest.params`.
+        """
+        return (
+            select(table.c.id)
+            .where(due_clause(table, request))
+            .order_by(*claim_order(table))
+            .limit(limit_param())
+        )
+
     def finish(
         self, engine: Engine, table: Table, task: ClaimedTask, values: Mapping[str, Any], now: datetime
     ) -> bool:
@@ -128,27 +141,59 @@ class ClaimStrategy(ABC):
         Used for every transition out of RUNNING (completed, failed, retried,
         given back), so one ownership test guards them all.
         """
+        statement, params = self.finish_statement(table, task, values, now)
         with self.single_statement(engine) as conn:
-            result = conn.execute(update(table).where(self.holds(table, task, now)).values(**values))
+            result = conn.execute(statement, params)
         return result.rowcount == 1
+
+    def finish_statement(
+        self, table: Table, task: ClaimedTask, values: Mapping[str, Any], now: datetime
+    ) -> tuple[Any, dict[str, Any]]:
+        """The guarded UPDATE writing ``values`` to ``task``'s row, and its parameters."""
+        params = held_params(task, now)
+        if any(isinstance(value, ClauseElement) for value in values.values()):
+            # SQL in the values (release's attempts - 1): rare, built each time.
+            return update(table).where(self.holds(table)).values(**values), params
+        names = tuple(sorted(values))
+        statement = self.cached(
+            ("finish", table, names),
+            lambda: (
+                update(table)
+                .where(self.holds(table))
+                .values({name: bindparam(f"set_{name}", type_=table.c[name].type) for name in names})
+            ),
+        )
+        params.update({f"set_{name}": value for name, value in values.items()})
+        return statement, params
 
     def extend(
         self, engine: Engine, table: Table, tasks: Sequence[ClaimedTask], until: datetime, now: datetime
     ) -> set[int]:
         """Move the lease of each still-held task in ``tasks`` to ``until``; return the ids extended."""
+        extend = self.cached(
+            ("extend", table),
+            lambda: (
+                update(table)
+                .where(self.holds(table))
+                .values(locked_until=bindparam("new_lease_until", type_=table.c.locked_until.type))
+            ),
+        )
         extended: set[int] = set()
         with self.transaction(engine) as conn:
             for task in tasks:
-                result = conn.execute(
-                    update(table).where(self.holds(table, task, now)).values(locked_until=until)
-                )
+                result = conn.execute(extend, {**held_params(task, now), "new_lease_until": until})
                 if result.rowcount == 1:
                     extended.add(task.id)
         return extended
 
-    def holds(self, table: Table, task: ClaimedTask, now: datetime) -> ColumnElement[bool]:
-        """The condition under which ``task``'s claim still owns its row: same claim, lease not over."""
-        return and_(same_claim(table, task), table.c.locked_until > now)
+    def holds(self, table: Table) -> ColumnElement[bool]:
+        """The condition under which a claim still owns its row: same claim, lease not over.
+
+        Its values come from `held_params`.
+        """
+        return and_(
+            same_claim(table), table.c.locked_until > bindparam(HELD_NOW, type_=table.c.locked_until.type)
+        )
 
     def recover(self, engine: Engine, table: Table, now: datetime) -> int:
         """Give back tasks whose worker is gone; return how many.
@@ -184,8 +229,11 @@ class ClaimStrategy(ABC):
 
     def statement(self, name: str, table: Table, request: ClaimRequest, build: Callable[[], Any]) -> Any:
         """The statement ``name`` for this table and request shape, built on first use."""
+        return self.cached((name, table, request.shape), build)
+
+    def cached(self, key: tuple[Any, ...], build: Callable[[], Any]) -> Any:
+        """A statement built once per ``key`` and kept by this strategy."""
         cache: dict[tuple[Any, ...], Any] = self.__dict__.setdefault("_statements", {})
-        key = (name, table, request.shape)
         found = cache.get(key)
         if found is None:
             found = cache[key] = build()
@@ -215,19 +263,37 @@ class ClaimStrategy(ABC):
             yield conn.execution_options(isolation_level="AUTOCOMMIT")
 
 
-def same_claim(table: Table, task: ClaimedTask) -> ColumnElement[bool]:
-    """The row is still running under the claim that produced ``task``.
+HELD_ID = "held_id"
+HELD_BY = "held_by"
+HELD_ATTEMPTS = "held_attempts"
+HELD_STARTED_AT = "held_started_at"
+HELD_NOW = "held_now"
+
+
+def same_claim(table: Table) -> ColumnElement[bool]:
+    """The row is still running under the claim bound by `held_params`.
 
     Worker id and attempt alone repeat when a task is given back unrun and
     claimed again by the same worker; the claim's start time does not.
     """
     return and_(
-        table.c.id == task.id,
+        table.c.id == bindparam(HELD_ID, type_=table.c.id.type),
         table.c.status == TaskStatus.RUNNING,
-        table.c.locked_by == task.locked_by,
-        table.c.attempts == task.attempts,
-        table.c.started_at == task.started_at,
+        table.c.locked_by == bindparam(HELD_BY, type_=table.c.locked_by.type),
+        table.c.attempts == bindparam(HELD_ATTEMPTS, type_=table.c.attempts.type),
+        table.c.started_at == bindparam(HELD_STARTED_AT, type_=table.c.started_at.type),
     )
+
+
+def held_params(task: ClaimedTask, now: datetime) -> dict[str, Any]:
+    """The values for `same_claim` and `ClaimStrategy.holds`: which claim, and the time now."""
+    return {
+        HELD_ID: task.id,
+        HELD_BY: task.locked_by,
+        HELD_ATTEMPTS: task.attempts,
+        HELD_STARTED_AT: task.started_at,
+        HELD_NOW: now,
+    }
 
 
 def due_clause(table: Table, request: ClaimRequest) -> ColumnElement[bool]:
@@ -293,6 +359,7 @@ __all__ = [
     "claim_order",
     "claimed_values",
     "due_clause",
+    "held_params",
     "limit_param",
     "orphan_values",
 ]

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy import Connection, Engine, Table, bindparam, event, select, update
+from sqlalchemy.engine import Dialect
 from sqlalchemy.pool import ConnectionPoolEntry
 
 from sa_taskqueue.strategies.base import (
@@ -50,6 +51,11 @@ class ConditionalUpdateStrategy(ClaimStrategy):
             with engine.connect() as conn:
                 conn.exec_driver_sql(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
                 conn.exec_driver_sql("PRAGMA journal_mode = WAL")
+
+    def finding_statement(self, dialect: Dialect, table: Table, request: ClaimRequest) -> Any:
+        if dialect.name == "sqlite":
+            return self.sqlite_claim(table, request)
+        return super().finding_statement(dialect, table, request)
 
     def claim(self, engine: Engine, table: Table, request: ClaimRequest) -> list[dict[str, Any]]:
         if engine.dialect.name == "sqlite":

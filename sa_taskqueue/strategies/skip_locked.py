@@ -59,6 +59,13 @@ class SkipLockedStrategy(ClaimStrategy):
                     f"(needs {'.'.join(map(str, needed))}+); use conditional_update"
                 )
 
+    def finding_statement(self, dialect: Dialect, table: Table, request: ClaimRequest) -> Any:
+        if dialect.name == "postgresql":
+            return self.one_statement_claim(table, request)
+        if dialect.name == "oracle":
+            return self.oracle_locking_select(table, request)
+        return locking_select(table, request, table).limit(limit_param())
+
     def claim(self, engine: Engine, table: Table, request: ClaimRequest) -> list[dict[str, Any]]:
         dialect = engine.dialect
         if dialect.name == "postgresql":

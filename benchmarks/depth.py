@@ -1,0 +1,114 @@
+"""Depth scaling: claim+complete latency with 10,000 queued tasks behind 0 to 1,000,000 finished rows."""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import sqlalchemy as sa
+
+from benchmarks.backends import fresh_table
+from benchmarks.clients import TABLE, make_client
+from benchmarks.drain import seed
+
+COLUMNS = "name, queue, priority, params, status, run_at, attempts, max_attempts, created_at, finished_at"
+
+
+def add_finished_rows(url: str, count: int) -> None:
+    """Insert ``count`` completed/failed rows in one statement on the server."""
+    if count == 0:
+        return
+    engine = sa.create_engine(url)
+    backend = engine.dialect.name
+    day_ago = (datetime.now(UTC) - timedelta(days=1)).replace(tzinfo=None)
+    with engine.begin() as conn:
+        if backend == "postgresql":
+            conn.execute(
+                sa.text(
+                    f"INSERT INTO {TABLE} ({COLUMNS}) SELECT 'noop', 'default', 0, '{{}}', "
+                    "CASE WHEN g % 10 = 0 THEN 'failed' ELSE 'completed' END, now() - interval '1 day', "
+                    "1, 3, now(), now() FROM generate_series(1, :n) AS g"
+                ),
+                {"n": count},
+            )
+            conn.execute(sa.text(f"ANALYZE {TABLE}"))
+        elif backend in ("mysql", "mariadb"):
+            # MariaDB's Sequence engine makes seq_1_to_N tables on demand.
+            conn.execute(
+                sa.text(
+                    f"INSERT INTO {TABLE} ({COLUMNS}) SELECT 'noop', 'default', 0, '{{}}', "
+                    "IF(seq % 10 = 0, 'failed', 'completed'), :t, 1, 3, :t, :t "
+                    f"FROM seq_1_to_{int(count)}"
+                ),
+                {"t": day_ago},
+            )
+            conn.execute(sa.text(f"ANALYZE TABLE {TABLE}"))
+        else:
+            stamp = day_ago.isoformat(" ", "microseconds")
+            conn.execute(
+                sa.text(
+                    f"INSERT INTO {TABLE} ({COLUMNS}) WITH RECURSIVE g(x) AS "
+                    "(SELECT 1 UNION ALL SELECT x + 1 FROM g WHERE x < :n) "
+                    "SELECT 'noop', 'default', 0, '{}', "
+                    "CASE WHEN x % 10 = 0 THEN 'failed' ELSE 'completed' END, :t, 1, 3, :t, :t FROM g"
+                ),
+                {"n": count, "t": stamp},
+            )
+            conn.execute(sa.text("ANALYZE"))
+    engine.dispose()
+
+
+def _depth_worker(url: str, batch: int, ready: Any, go: Any, results: Any) -> None:
+    client = make_client("sa_taskqueue", url, batch)
+    ready.release()
+    go.wait()
+    latencies: list[float] = []
+    empty = 0
+    while empty < 3:
+        started = time.perf_counter()
+        tasks = client.claim()
+        if not tasks:
+            empty += 1
+            time.sleep(0.01)
+            continue
+        empty = 0
+        for task_id, _params in tasks:
+            client.complete(task_id)
+        latencies.append((time.perf_counter() - started) * 1000)
+    client.close()
+    results.put(latencies)
+
+
+def claim_latencies(
+    url: str, finished: int, queued: int = 10_000, workers: int = 4, batch: int = 10
+) -> list[float]:
+    """Milliseconds per claim-and-complete cycle of ``batch`` tasks, over a full drain."""
+    fresh_table(url)
+    add_finished_rows(url, finished)
+    seed(url, queued)
+    context = multiprocessing.get_context("spawn")
+    ready, go, results = context.Semaphore(0), context.Event(), context.Queue()
+    processes = [
+        context.Process(target=_depth_worker, args=(url, batch, ready, go, results)) for _ in range(workers)
+    ]
+    for process in processes:
+        process.start()
+    for _ in processes:
+        ready.acquire()
+    go.set()
+    latencies = [value for _ in processes for value in results.get(timeout=600)]
+    for process in processes:
+        process.join()
+    return latencies
+
+
+def claim_plan(url: str) -> str:
+    """EXPLAIN of the claim statement, as the queue runs it."""
+    import sa_taskqueue as tq
+
+    engine = sa.create_engine(url)
+    plan = tq.TaskQueue(engine).explain_claim(limit=10)
+    engine.dispose()
+    return plan

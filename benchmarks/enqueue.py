@@ -1,0 +1,90 @@
+"""Enqueue throughput: one enqueue per call, the bulk API, and the raw driver's executemany."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import UTC, datetime
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from benchmarks.backends import fresh_table
+from benchmarks.clients import TABLE, noop
+
+COLUMNS = "name, queue, priority, params, status, run_at, attempts, max_attempts, created_at"
+
+
+def _queue(engine: sa.Engine) -> object:
+    import sa_taskqueue as tq
+
+    queue = tq.TaskQueue(engine)
+    queue.task(name="noop")(noop)
+    return queue
+
+
+def enqueue_rate(method: str, url: str, count: int) -> float:
+    """Tasks per second for ``count`` enqueues committed once."""
+    fresh_table(url)
+    engine = sa.create_engine(url)
+    queue = _queue(engine)
+    params = [{"n": n} for n in range(count)]
+    started = time.perf_counter()
+    if method == "enqueue":
+        with Session(engine) as session:
+            for p in params:
+                queue.enqueue(session, "noop", p)  # type: ignore[attr-defined]
+            session.commit()
+    elif method == "enqueue_many":
+        with Session(engine) as session:
+            for start in range(0, count, 1000):
+                queue.enqueue_many(session, "noop", params[start : start + 1000])  # type: ignore[attr-defined]
+            session.commit()
+    else:
+        _raw_executemany(url, params)
+    seconds = time.perf_counter() - started
+    with engine.connect() as conn:
+        stored = conn.scalar(sa.text(f"SELECT count(*) FROM {TABLE}"))
+    engine.dispose()
+    if stored != count:
+        raise RuntimeError(f"{method}: {stored} rows stored for {count} enqueued")
+    return count / seconds
+
+
+def _raw_executemany(url: str, params: list[dict[str, int]]) -> None:
+    u = sa.make_url(url)
+    now = datetime.now(UTC)
+    backend = u.get_backend_name()
+    if backend == "postgresql":
+        import psycopg
+
+        rows = [("noop", "default", 0, json.dumps(p), "queued", now, 0, 3, now) for p in params]
+        with psycopg.connect(host=u.host, port=u.port or 5432, user=u.username, dbname=u.database) as conn:
+            conn.cursor().executemany(
+                f"INSERT INTO {TABLE} ({COLUMNS}) VALUES (%s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s)", rows
+            )
+        return
+    naive = now.replace(tzinfo=None)
+    if backend in ("mysql", "mariadb"):
+        import pymysql
+
+        rows = [("noop", "default", 0, json.dumps(p), "queued", naive, 0, 3, naive) for p in params]
+        conn = pymysql.connect(
+            host=u.host, port=u.port or 3306, user=u.username, password=u.password or "", database=u.database
+        )
+        with conn.cursor() as cursor:
+            cursor.executemany(
+                f"INSERT INTO {TABLE} ({COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)", rows
+            )
+        conn.commit()
+        conn.close()
+        return
+    import sqlite3
+
+    stamp = naive.isoformat(" ", "microseconds")
+    rows_sqlite = [("noop", "default", 0, json.dumps(p), "queued", stamp, 0, 3, stamp) for p in params]
+    assert u.database
+    conn3 = sqlite3.connect(u.database)
+    conn3.executemany(f"INSERT INTO {TABLE} ({COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows_sqlite)
+    conn3.commit()
+    conn3.close()
