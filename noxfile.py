@@ -51,3 +51,10 @@ def lint(session: nox.Session) -> None:
     session.install("-e", ".[lint]")
     session.run("ruff", "check", "sa_taskqueue", "tests", "alembic", "noxfile.py")
     session.run("mypy", "--strict", "sa_taskqueue")
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """The benchmarks (python -m benchmarks) against the local servers; arguments pass through."""
+    session.install("-e", ".[bench]")
+    session.run("python", "-m", "benchmarks", *session.posargs)

@@ -115,3 +115,30 @@ def test_bad_arguments_are_refused_before_touching_the_database(
         sa.event.remove(engine, "before_cursor_execute", seen)
     assert statements == []
     assert not session.new, "nothing half-written is left in the session"
+
+
+def test_enqueue_many_inserts_in_the_callers_transaction_and_returns_ids(
+    queue: tq.TaskQueue, engine: sa.Engine, session: Session
+) -> None:
+    ids = queue.enqueue_many(session, "record", ({"key": n} for n in range(2500)), priority=2)
+    assert count_tasks(engine) == 0, "nothing is visible before the caller commits"
+    session.commit()
+    with Session(engine) as fresh:
+        rows = fresh.execute(
+            sa.select(tq.Task.id, tq.Task.params, tq.Task.priority).order_by(tq.Task.id)
+        ).all()
+    assert [row.params["key"] for row in rows] == list(range(2500))
+    assert {row.priority for row in rows} == {2}
+    if engine.dialect.insert_executemany_returning_sort_by_parameter_order:
+        assert ids == [row.id for row in rows]
+    else:  # MySQL cannot return ids from a multi-row INSERT
+        assert ids is None
+
+
+def test_enqueue_many_checks_every_row_before_writing_any(
+    queue: tq.TaskQueue, engine: sa.Engine, session: Session
+) -> None:
+    with pytest.raises(TypeError, match="params"):
+        queue.enqueue_many(session, "record", [{"key": 1}, {"key": 2}, {"when": object()}])
+    session.commit()
+    assert count_tasks(engine) == 0

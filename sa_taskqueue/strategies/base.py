@@ -249,13 +249,15 @@ class ClaimStrategy(ABC):
     def single_statement(self, engine: Engine) -> Iterator[Connection]:
         """A connection for one statement that is atomic on its own (a claim, a completion).
 
-        On PostgreSQL that is autocommit: its drivers send BEGIN and COMMIT as
-        round trips of their own, which would triple the cost of every claim
-        and completion, while switching them to autocommit is a client-side
-        flag.  Elsewhere it is the strategy's transaction: MySQL drivers pay a
-        round trip to switch autocommit, and SQLite needs BEGIN IMMEDIATE.
+        On PostgreSQL and SQLite that is autocommit.  PostgreSQL drivers send
+        BEGIN and COMMIT as round trips of their own, which would triple the
+        cost of every claim and completion, while switching them to autocommit
+        is a client-side flag.  An SQLite UPDATE in autocommit mode takes the
+        write lock before it reads (waiting out the busy timeout), so it needs
+        no BEGIN IMMEDIATE around it.  MySQL drivers pay a round trip to switch
+        autocommit, so there it is the strategy's transaction.
         """
-        if engine.dialect.name != "postgresql":
+        if engine.dialect.name not in ("postgresql", "sqlite"):
             with self.transaction(engine) as conn:
                 yield conn
             return
