@@ -20,6 +20,7 @@ from typing import Any
 
 import click
 import sqlalchemy as sa
+from alembic import util as alembic_util
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table as RichTable
@@ -78,8 +79,14 @@ def for_people(ctx: click.Context, url: str | None = None) -> Iterator[None]:
         ) from error
     except (sa.exc.OperationalError, sa.exc.InterfaceError) as error:
         raise Failure(f"cannot use the database{where}: {_first_line(error.orig)}") from error
-    except sa.exc.ProgrammingError as error:
+    except sa.exc.DBAPIError as error:
         raise Failure(f"the database refused a statement{where}: {_first_line(error.orig)}") from error
+    except sa.exc.SQLAlchemyError as error:
+        raise Failure(f"{_first_line(error)}") from error
+    except alembic_util.CommandError as error:
+        raise Failure(f"migration failed: {_first_line(error)}") from error
+    except ValueError as error:  # e.g. a URL whose port is not a number
+        raise Failure(f"{_first_line(error)}{where}") from error
 
 
 def _first_line(error: BaseException | None) -> str:
@@ -88,11 +95,12 @@ def _first_line(error: BaseException | None) -> str:
 
 
 def _safe(url: str) -> str:
-    """The URL with any password hidden."""
+    """The URL with any password hidden, even when it does not parse."""
     try:
         return sa.make_url(url).render_as_string(hide_password=True)
-    except sa.exc.ArgumentError:
-        return url
+    except (sa.exc.ArgumentError, ValueError):
+        pattern = r"(://[^:/@]*):[^@]*@" if "://" in url else r"^([^:/@]+):[^@]*@"
+        return re.sub(pattern, r"\1:***@", url)
 
 
 def _engine(url: str | None) -> sa.Engine:
@@ -133,6 +141,8 @@ def load_queue(spec: str) -> TaskQueue:
         target: Any = importlib.import_module(module_name)
     except ImportError as error:
         raise Failure(f"cannot import {module_name!r}: {error}") from error
+    except Exception as error:
+        raise Failure(f"importing {module_name!r} failed: {type(error).__name__}: {error}") from error
     for part in attribute.split("."):
         try:
             target = getattr(target, part)
@@ -208,8 +218,9 @@ def worker(
                 shutdown_timeout=shutdown_timeout,
             )
     logging.shutdown()
-    if worker_.given_back:
-        # Threads of tasks given back may still be running: leave without them.
+    if worker_.abandoned:
+        # Threads of tasks given back (or left to their lease) may still be
+        # running: leave without them rather than wait for them.
         os._exit(0)
 
 

@@ -7,8 +7,12 @@ thread shares the worker's fate; its timeout can only be noticed afterwards.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import multiprocessing
+import os
 import signal
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -77,12 +81,16 @@ class ChildProcess:
         self, func: Callable[..., Any], params: dict[str, Any], after_fork: Callable[[], None]
     ) -> None:
         context = multiprocessing.get_context("fork")
-        self._receive, send = context.Pipe(duplex=False)
-        self._process = context.Process(
-            target=_child_main, args=(send, func, params, after_fork), daemon=True
-        )
-        self._process.start()
-        send.close()
+        # One fork at a time: a child forked by another slot between this
+        # Pipe() and close() would inherit our sending end, and our child's
+        # death would then not close the pipe.
+        with _FORK_LOCK:
+            self._receive, send = context.Pipe(duplex=False)
+            self._process = context.Process(
+                target=_child_main, args=(send, func, params, after_fork, os.getpid()), daemon=True
+            )
+            self._process.start()
+            send.close()
         self.killed = False
 
     @property
@@ -109,6 +117,8 @@ class ChildProcess:
                 except EOFError:
                     message = None
                 break
+            if not self._process.is_alive() and not self._receive.poll():
+                break  # gone without a word (belt and braces: the pipe should have said so)
             if deadline is not None and time.monotonic() >= deadline:
                 self.kill()
                 self._process.join()
@@ -127,11 +137,18 @@ class ChildProcess:
 
 
 def _child_main(
-    send: Connection, func: Callable[..., Any], params: dict[str, Any], after_fork: Callable[[], None]
+    send: Connection,
+    func: Callable[..., Any],
+    params: dict[str, Any],
+    after_fork: Callable[[], None],
+    parent: int,
 ) -> None:
-    # Default signal handling: the worker's handlers are the parent's business.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # A Ctrl+C or a service manager's SIGTERM reaches the whole process group;
+    # the worker decides when its children stop (it kills them at the end of
+    # its shutdown timeout), so the child ignores both.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _die_with_parent(parent)
     after_fork()
     try:
         result = func(**params)
@@ -143,6 +160,20 @@ def _child_main(
         except Exception as error:  # noqa: BLE001 - an unpicklable result
             send.send(("error", type(error).__qualname__, f"result cannot be sent back: {error}", ""))
     send.close()
+
+
+_FORK_LOCK = threading.Lock()
+
+
+def _die_with_parent(parent: int) -> None:
+    """Have the kernel kill this child if the worker dies (Linux), so no task outlives its worker."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return  # not Linux: the lease covers a lost worker, a little later
+    if os.getppid() != parent:  # the worker died before the guard was set
+        os._exit(1)
 
 
 def _describe_exit(code: int | None) -> str:

@@ -21,7 +21,8 @@ logger = logging.getLogger("sa_taskqueue")
 
 
 def supports_notify(engine: Engine) -> bool:
-    return engine.dialect.name == "postgresql"
+    """LISTEN needs psycopg 3 (``postgresql+psycopg://``), whose ``notifies()`` takes a timeout."""
+    return engine.dialect.name == "postgresql" and engine.dialect.driver == "psycopg"
 
 
 def channel_name(table: Table) -> str:
@@ -38,7 +39,7 @@ def notify_enqueued(session: Session, table: Table, queues: Iterable[str]) -> No
     # One notification per queue and transaction is all a commit delivers
     # anyway, so a loop of enqueues pays for the first one only.
     # (The transaction itself is kept, not its id, which a later one could reuse.)
-    transaction = session.get_transaction()
+    transaction = session.get_nested_transaction() or session.get_transaction()
     remembered = session.info.get("sa_taskqueue_notified")
     if remembered is None or remembered[0] is not transaction:
         remembered = session.info["sa_taskqueue_notified"] = (transaction, set())
@@ -63,16 +64,16 @@ class Listener(threading.Thread):
         self.listening = threading.Event()
 
     def run(self) -> None:
-        backoff = 0.5
+        self.backoff = 0.5
         while not self.stop.is_set():
             try:
                 self._listen()
-                backoff = 0.5
             except Exception as error:  # noqa: BLE001 - reconnect on any failure; polling covers the gap
+                backoff = self.backoff
                 self.listening.clear()
                 logger.warning("LISTEN connection lost, reconnecting in %.1fs: %s", backoff, error)
                 self.stop.wait(backoff)
-                backoff = min(backoff * 2, 30.0)
+                self.backoff = min(backoff * 2, 30.0)
 
     def _listen(self) -> None:
         raw = self.engine.raw_connection()
@@ -82,6 +83,7 @@ class Listener(threading.Thread):
             quoted = self.engine.dialect.identifier_preparer.quote(self.channel)
             driver.execute(f"LISTEN {quoted}")
             self.listening.set()
+            self.backoff = 0.5  # connected: the next outage starts from a short wait again
             # A wake-up right after (re)connecting: anything enqueued while we
             # were not listening is picked up now rather than at the next poll.
             self.wake("")

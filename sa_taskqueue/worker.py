@@ -56,7 +56,11 @@ class _Running:
     task: ClaimedTask
     child: ChildProcess | None = None
     given_back: bool = False
+    finished: bool = False  # the run is over; only its outcome is being written
     started: float = field(default_factory=time.monotonic)
+    # Shutdown (giving back) and the task's thread (starting a child) decide
+    # under this lock, so a task is never given back and then started.
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 class Worker:
@@ -113,6 +117,8 @@ class Worker:
         self.processed = 0
         self.failed = 0
         self.given_back = 0
+        #: Tasks still running in threads when the worker returned (given back or not).
+        self.abandoned = 0
         self._stopping = threading.Event()
         self._stopped = threading.Event()
         self._wake = threading.Event()
@@ -137,8 +143,9 @@ class Worker:
 
     @property
     def running_tasks(self) -> list[ClaimedTask]:
+        """Tasks whose run is still going (not those only writing their outcome)."""
         with self._lock:
-            return [slot.task for slot in self._running.values()]
+            return [slot.task for slot in self._running.values() if not slot.finished]
 
     def run(self) -> None:
         """Run until stopped (or, with ``burst``, until nothing is due)."""
@@ -160,8 +167,10 @@ class Worker:
             thread.start()
         pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="sa_taskqueue-task")
         try:
-            self._loop(pool)
-            self._drain()
+            try:
+                self._loop(pool)
+            finally:
+                self._drain()
         finally:
             self._stopped.set()
             # Threads of tasks given back may still run; nothing waits for them.
@@ -221,6 +230,8 @@ class Worker:
         with self._lock:
             self._running.pop(future, None)
         self._wake.set()
+        if not future.cancelled() and future.exception() is not None:
+            logger.error("a task slot ended with an error: %r", future.exception())
 
     def _notified(self, queue_name: str) -> None:
         if not queue_name or self.queues is None or queue_name in self.queues:
@@ -234,10 +245,12 @@ class Worker:
             self._wake.clear()
         with self._lock:
             leftover = list(self._running.values())
+        self.abandoned = len(leftover)
         for slot in leftover:
-            slot.given_back = True
-            if slot.child is not None:
-                slot.child.kill()
+            with slot.lock:
+                slot.given_back = True
+                if slot.child is not None:
+                    slot.child.kill()
             try:
                 released = self.queue.release(slot.task)
             except self._transient as error:
@@ -254,6 +267,14 @@ class Worker:
     # One task -----------------------------------------------------------------
 
     def _execute(self, slot: _Running) -> None:
+        try:
+            self._run_task(slot)
+        except Exception as error:
+            logger.exception("task %d %s: the worker could not run it", *_ids(slot.task))
+            slot.finished = True
+            self._record(slot.task, Outcome(error=error))
+
+    def _run_task(self, slot: _Running) -> None:
         task = slot.task
         registered = self.queue.registered(task.name)
         logger.info("task %d %s attempt %d started", *_ids(task), task.attempts)
@@ -262,10 +283,16 @@ class Worker:
             # Only registered functions run: a row's name is never imported.
             outcome = Outcome(error=TaskNotRegistered(task.name))
         elif self.isolation == "process":
-            slot.child = ChildProcess(registered.func, task.params, self._after_fork)
+            with slot.lock:
+                if slot.given_back:
+                    return
+                slot.child = ChildProcess(registered.func, task.params, self._after_fork)
             outcome = slot.child.wait(registered.options.timeout)
         else:
+            if slot.given_back:
+                return
             outcome = run_in_thread(registered.func, task.params, registered.options.timeout)
+        slot.finished = True
         if slot.given_back or isinstance(outcome.error, GivenBack):
             return
         duration = time.monotonic() - slot.started
@@ -358,6 +385,10 @@ class Worker:
             except self._transient as error:
                 self._database_trouble(error, interval)
                 continue
+            except Exception:
+                logger.exception("lease renewal failed; trying again in %.1fs", interval)
+                continue
+            tasks = [task for task in tasks if task in self.running_tasks]
             lost = {task.id for task in tasks} - renewed
             if lost:
                 logger.warning("lost the lease of task(s) %s: another worker may run them", sorted(lost))
@@ -392,6 +423,10 @@ class Worker:
             name = signal.Signals(signum).name
             if self._stopping.is_set():
                 logger.warning("received %s again: exiting now; leases will free the running tasks", name)
+                with self._lock:
+                    children = [slot.child for slot in self._running.values() if slot.child is not None]
+                for child in children:
+                    child.kill()  # no task may outlive its worker and run beside its next holder
                 logging.shutdown()
                 os._exit(1)
             logger.info(

@@ -252,18 +252,52 @@ def test_notify_wakes_an_idle_worker_long_before_its_poll(
 ) -> None:
     worker = start_cli("worker", "tests.cli_app:queue", "--poll-interval", "120", url=backend.url)
     try:
-        time.sleep(3)  # idle: its next poll is two minutes away
+        # Idle long enough for its backoff to grow: polls at 0.05, 0.1, ...,
+        # 3.2 s apart add up to 6.35 s, so the next poll is at least 6.4 s
+        # away; only the NOTIFY can start the task within 2.5 s.
+        time.sleep(7)
         task_id = enqueue(default_queue, engine, "record", {"key": 1})
-        wait_until(lambda: task_row(engine, task_id).status == tq.TaskStatus.COMPLETED, 30, "the NOTIFY")
+        wait_until(lambda: task_row(engine, task_id).status == tq.TaskStatus.COMPLETED, 2.5, "the NOTIFY")
         returncode, err = stop(worker)
     finally:
         worker.kill()
     assert returncode == 0, err
 
 
-def test_a_rolled_back_enqueue_wakes_nobody_and_leaves_nothing(
-    default_queue: tq.TaskQueue, engine: sa.Engine
+@pytest.mark.backends("postgres")
+def test_notify_is_sent_at_commit_and_never_for_a_rollback(
+    backend: Backend, default_queue: tq.TaskQueue, engine: sa.Engine
 ) -> None:
+    import psycopg
+
+    from sa_taskqueue.notify import channel_name
+
+    url = sa.make_url(backend.url)
+    with psycopg.connect(
+        host=url.host,
+        port=url.port or 5432,
+        user=url.username,
+        password=url.password,
+        dbname=url.database,
+        autocommit=True,
+    ) as listener:
+        listener.execute(f'LISTEN "{channel_name(tq.Task.__table__)}"')
+        with Session(engine) as session:
+            default_queue.enqueue(session, "record", {"key": 1}, queue="mail")
+            assert list(listener.notifies(timeout=0.3)) == [], "nothing before the commit"
+            session.rollback()
+            with session.begin_nested():  # a savepoint rolled back does not count either
+                default_queue.enqueue(session, "record", {"key": 2}, queue="mail")
+                session.get_nested_transaction().rollback()  # type: ignore[union-attr]
+            default_queue.enqueue(session, "record", {"key": 3}, queue="mail")
+            default_queue.enqueue(session, "record", {"key": 4}, queue="mail")
+            session.commit()
+        payloads = [n.payload for n in listener.notifies(timeout=0.5)]
+    assert payloads == ["mail"], "one wake-up per queue and commit, none for the rollbacks"
+    assert [t.params["key"] for t in task_rows(engine)] == [3, 4]
+
+
+def test_a_rolled_back_enqueue_leaves_nothing(default_queue: tq.TaskQueue, engine: sa.Engine) -> None:
     with Session(engine) as session:
         default_queue.enqueue(session, "record", {"key": 1})
         session.rollback()
