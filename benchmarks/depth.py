@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import multiprocessing
-import time
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 import sqlalchemy as sa
 
 from benchmarks.backends import fresh_table
-from benchmarks.clients import TABLE, make_client
-from benchmarks.drain import seed
+from benchmarks.clients import TABLE
+from benchmarks.drain import race, seed
 
 COLUMNS = "name, queue, priority, params, status, run_at, attempts, max_attempts, created_at, finished_at"
 
@@ -60,27 +57,6 @@ def add_finished_rows(url: str, count: int) -> None:
     engine.dispose()
 
 
-def _depth_worker(url: str, batch: int, ready: Any, go: Any, results: Any) -> None:
-    client = make_client("sa_taskqueue", url, batch)
-    ready.release()
-    go.wait()
-    latencies: list[float] = []
-    empty = 0
-    while empty < 3:
-        started = time.perf_counter()
-        tasks = client.claim()
-        if not tasks:
-            empty += 1
-            time.sleep(0.01)
-            continue
-        empty = 0
-        for task_id, _params in tasks:
-            client.complete(task_id)
-        latencies.append((time.perf_counter() - started) * 1000)
-    client.close()
-    results.put(latencies)
-
-
 def claim_latencies(
     url: str, finished: int, queued: int = 10_000, workers: int = 4, batch: int = 10
 ) -> list[float]:
@@ -88,20 +64,10 @@ def claim_latencies(
     fresh_table(url)
     add_finished_rows(url, finished)
     seed(url, queued)
-    context = multiprocessing.get_context("spawn")
-    ready, go, results = context.Semaphore(0), context.Event(), context.Queue()
-    processes = [
-        context.Process(target=_depth_worker, args=(url, batch, ready, go, results)) for _ in range(workers)
-    ]
-    for process in processes:
-        process.start()
-    for _ in processes:
-        ready.acquire()
-    go.set()
-    latencies = [value for _ in processes for value in results.get(timeout=600)]
-    for process in processes:
-        process.join()
-    return latencies
+    run = race("sa_taskqueue", url, workers, batch)
+    if len(set(run.done)) != queued:
+        raise RuntimeError(f"{len(set(run.done))} of {queued} tasks drained")
+    return run.cycles_ms
 
 
 def claim_plan(url: str) -> str:

@@ -43,9 +43,11 @@ def _drain_worker(implementation: str, url: str, batch: int, ready: Any, go: Any
     ready.release()
     go.wait()
     done: list[int] = []
+    cycles: list[float] = []  # ms per claim-and-complete of one batch
     last = time.perf_counter()
     empty = 0
     while empty < 3:
+        cycle_started = time.perf_counter()
         tasks = client.claim()
         if not tasks:
             empty += 1
@@ -56,25 +58,23 @@ def _drain_worker(implementation: str, url: str, batch: int, ready: Any, go: Any
             client.complete(task_id)
             done.append(task_id)
         last = time.perf_counter()
+        cycles.append((last - cycle_started) * 1000)
     client.close()
-    results.put((done, last))
+    results.put((done, last, cycles))
 
 
 @dataclass
-class DrainResult:
-    seconds: float
-    tasks: int
-    exactly_once: bool
+class Race:
+    """What the worker processes of one drain did."""
 
-    @property
-    def rate(self) -> float:
-        return self.tasks / self.seconds
+    started: float
+    done: list[int]
+    finished: float
+    cycles_ms: list[float]
 
 
-def drain(implementation: str, url: str, tasks: int, workers: int, batch: int) -> DrainResult:
-    """One run: fresh table, ``tasks`` tasks, ``workers`` processes racing to empty it."""
-    fresh_table(url)
-    seed(url, tasks)
+def race(implementation: str, url: str, workers: int, batch: int) -> Race:
+    """Start ``workers`` processes, let them drain the table at one signal, and collect what they did."""
     context = multiprocessing.get_context("spawn")
     ready = context.Semaphore(0)
     go = context.Event()
@@ -92,10 +92,32 @@ def drain(implementation: str, url: str, tasks: int, workers: int, batch: int) -
     outcomes = [results.get(timeout=600) for _ in processes]
     for process in processes:
         process.join()
-    done = [task_id for ids, _ in outcomes for task_id in ids]
-    finished = max(last for _, last in outcomes)
+    return Race(
+        started=started,
+        done=[task_id for ids, _, _ in outcomes for task_id in ids],
+        finished=max(last for _, last, _ in outcomes),
+        cycles_ms=[ms for _, _, cycles in outcomes for ms in cycles],
+    )
+
+
+@dataclass
+class DrainResult:
+    seconds: float
+    tasks: int
+    exactly_once: bool
+
+    @property
+    def rate(self) -> float:
+        return self.tasks / self.seconds
+
+
+def drain(implementation: str, url: str, tasks: int, workers: int, batch: int) -> DrainResult:
+    """One run: fresh table, ``tasks`` tasks, ``workers`` processes racing to empty it."""
+    fresh_table(url)
+    seed(url, tasks)
+    run = race(implementation, url, workers, batch)
     return DrainResult(
-        seconds=max(finished - started, 1e-9),
-        tasks=len(done),
-        exactly_once=len(done) == tasks and len(set(done)) == tasks,
+        seconds=max(run.finished - run.started, 1e-9),
+        tasks=len(run.done),
+        exactly_once=len(run.done) == tasks and len(set(run.done)) == tasks,
     )

@@ -71,6 +71,9 @@ class Worker:
     thread) stops claiming, lets running tasks finish for ``shutdown_timeout``
     seconds, then gives back what still runs (queued again, the attempt not
     counted); a second signal exits at once and leaves the rest to the leases.
+    A thread cannot be stopped: under thread isolation a task given back
+    still runs in its thread when `run` returns (``abandoned`` counts them),
+    so the process should exit then, as the command line does.
     ``on_start``, ``on_success`` and ``on_failure`` are called around each
     task, for metrics or error reporting; an exception in a hook is logged and
     ignored.

@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 
 import sa_taskqueue as tq
 from tests.app import make_queue
+from tests.helpers import task_row
 
 
 def enqueue(task_queue: tq.TaskQueue, engine: sa.Engine, count: int, **options: object) -> list[int]:
@@ -18,14 +19,6 @@ def enqueue(task_queue: tq.TaskQueue, engine: sa.Engine, count: int, **options: 
         tasks = [task_queue.enqueue(session, "record", {"key": n}, **options) for n in range(count)]  # type: ignore[arg-type]
         session.commit()
         return [task.id for task in tasks]
-
-
-def load(engine: sa.Engine, task_id: int) -> tq.Task:
-    with Session(engine) as session:
-        task = session.get(tq.Task, task_id)
-        assert task is not None
-        session.expunge(task)
-        return task
 
 
 def wait_for_claim(queue: tq.TaskQueue, seconds: float, **kwargs: object) -> list[tq.ClaimedTask]:
@@ -47,7 +40,7 @@ def test_claim_marks_the_task_running_under_a_lease(queue: tq.TaskQueue, engine:
     assert (claimed.id, claimed.name, claimed.params, claimed.attempts) == (task_id, "record", {"key": 0}, 1)
     assert claimed.locked_by == "worker-a"
     assert claimed.locked_until - claimed.started_at == queue.lease
-    row = load(engine, task_id)
+    row = task_row(engine, task_id)
     assert row.status == tq.TaskStatus.RUNNING
     assert row.attempts == 1
     assert row.locked_by == "worker-a"
@@ -99,15 +92,15 @@ def test_a_cancelled_task_is_never_claimed(queue: tq.TaskQueue, engine: sa.Engin
     [claimed] = queue.claim(limit=5)
     assert claimed.id == second
     assert queue.cancel(second) is False, "a running task is not cancelled under its worker"
-    assert load(engine, first).status == tq.TaskStatus.CANCELLED
-    assert load(engine, first).finished_at is not None
+    assert task_row(engine, first).status == tq.TaskStatus.CANCELLED
+    assert task_row(engine, first).finished_at is not None
 
 
 def test_complete_records_the_result(queue: tq.TaskQueue, engine: sa.Engine) -> None:
     enqueue(queue, engine, 1)
     [claimed] = queue.claim()
     assert queue.complete(claimed, {"sent": True, "n": [1, 2]}) is True
-    row = load(engine, claimed.id)
+    row = task_row(engine, claimed.id)
     assert row.status == tq.TaskStatus.COMPLETED
     assert row.result == {"sent": True, "n": [1, 2]}
     assert row.finished_at is not None and row.finished_at.utcoffset() == timedelta(0)
@@ -131,7 +124,7 @@ def test_failures_retry_with_growing_backoff_then_fail_with_the_traceback(
         except ValueError as error:
             failed_at = datetime.now(UTC)
             assert queue.fail(claimed, error) is True
-        row = load(engine, task_id)
+        row = task_row(engine, task_id)
         assert row.last_error is not None
         assert "Traceback" in row.last_error and "ValueError: kaput" in row.last_error
         if attempt < 3:
@@ -149,7 +142,7 @@ def test_a_string_error_is_kept_as_given(queue: tq.TaskQueue, engine: sa.Engine)
     enqueue(queue, engine, 1, max_attempts=1)
     [claimed] = queue.claim()
     assert queue.fail(claimed, "upstream said no") is True
-    row = load(engine, claimed.id)
+    row = task_row(engine, claimed.id)
     assert (row.status, row.last_error) == (tq.TaskStatus.FAILED, "upstream said no")
 
 
@@ -174,7 +167,7 @@ def test_a_worker_that_lost_its_task_cannot_overwrite_the_new_holders_outcome(
     assert rival.claim(worker_id="third") == [], "the stale calls left the new holder's claim intact"
     rival.close()
     assert queue.complete(second, "fresh") is True
-    row = load(engine, task_id)
+    row = task_row(engine, task_id)
     assert (row.status, row.result, row.locked_by) == (tq.TaskStatus.COMPLETED, "fresh", "second")
 
 
@@ -185,7 +178,7 @@ def test_extending_the_lease_keeps_the_task(queue: tq.TaskQueue, engine: sa.Engi
     for _ in range(3):  # 1.5 s in all: longer than the lease
         time.sleep(0.5)
         assert queue.extend_leases([claimed]) == {claimed.id}
-    assert load(engine, task_id).locked_until > claimed.locked_until + timedelta(seconds=1)
+    assert task_row(engine, task_id).locked_until > claimed.locked_until + timedelta(seconds=1)
     assert queue.claim() == [], "still held: its lease was renewed"
     assert queue.complete(claimed) is True
 
