@@ -40,11 +40,14 @@ def stop(worker: object, sig: int = signal.SIGTERM, timeout: float = 30) -> tupl
 
 @pytest.mark.slow
 def test_sigterm_lets_a_running_task_finish_then_exits_0(
-    backend: Backend, engine: sa.Engine, queue: tq.TaskQueue, strategy_name: str
+    backend: Backend, engine: sa.Engine, default_queue: tq.TaskQueue
 ) -> None:
-    task_id = enqueue(queue, engine, "record", {"key": 1, "sleep": 1.5})
+    task_id = enqueue(default_queue, engine, "record", {"key": 1, "sleep": 1.5})
     worker = start_cli(
-        *WORKER, "--shutdown-timeout", "30", url=backend.url, SA_TASKQUEUE_TEST_STRATEGY=strategy_name
+        *WORKER,
+        "--shutdown-timeout",
+        "30",
+        url=backend.url,
     )
     try:
         wait_until(lambda: task_row(engine, task_id).status == tq.TaskStatus.RUNNING, 30, "the task to start")
@@ -103,14 +106,14 @@ def test_a_second_signal_stops_at_once(
 
 @pytest.mark.slow
 def test_process_isolation_contains_crashes_and_enforces_timeouts(
-    backend: Backend, engine: sa.Engine, queue: tq.TaskQueue, strategy_name: str
+    backend: Backend, engine: sa.Engine, default_queue: tq.TaskQueue
 ) -> None:
     ids = {
-        "exit": enqueue(queue, engine, "exit_hard", {"code": 3}, max_attempts=1),
-        "segfault": enqueue(queue, engine, "segfault", {}, max_attempts=1),
-        "timeout": enqueue(queue, engine, "slow", {"seconds": 60}, max_attempts=1),
-        "raises": enqueue(queue, engine, "boom", {"message": "in a child"}, max_attempts=1),
-        "fine": enqueue(queue, engine, "record", {"key": 1}),
+        "exit": enqueue(default_queue, engine, "exit_hard", {"code": 3}, max_attempts=1),
+        "segfault": enqueue(default_queue, engine, "segfault", {}, max_attempts=1),
+        "timeout": enqueue(default_queue, engine, "slow", {"seconds": 60}, max_attempts=1),
+        "raises": enqueue(default_queue, engine, "boom", {"message": "in a child"}, max_attempts=1),
+        "fine": enqueue(default_queue, engine, "record", {"key": 1}),
     }
     worker = start_cli(
         *WORKER,
@@ -120,7 +123,6 @@ def test_process_isolation_contains_crashes_and_enforces_timeouts(
         "2",
         "--burst",
         url=backend.url,
-        SA_TASKQUEUE_TEST_STRATEGY=strategy_name,
     )
     _, err = worker.communicate(timeout=120)
     assert worker.returncode == 0, err
