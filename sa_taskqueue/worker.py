@@ -222,7 +222,9 @@ class Worker:
                 return
             # A short claim: poll again soon, backing off while nothing comes.
             idle_delay = MIN_POLL_INTERVAL if claimed else min(idle_delay * 2, self.poll_interval)
-            self._wait(idle_delay * random.uniform(0.8, 1.2))
+            # Jitter below the delay, so that idle workers spread out and no
+            # wait exceeds poll_interval.
+            self._wait(idle_delay * random.uniform(0.8, 1.0))
 
     def _wait(self, timeout: float | None) -> None:
         """Sleep until a slot frees, a notification arrives, a stop is asked for, or ``timeout``."""
