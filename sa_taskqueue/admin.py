@@ -51,6 +51,9 @@ class Admin:
         delay: timedelta | None = None,
     ) -> int:
         """Insert one task by name (no registration is checked here: workers check it)."""
+        from sa_taskqueue.queue import check_task_arguments
+
+        check_task_arguments(params, queue, priority, max_attempts)
         now = utcnow()
         with translate_database_errors(self.engine, self.table), Session(self.engine) as session:
             task = self.model(

@@ -14,10 +14,10 @@ class ClaimedTask:
 
     It is not an ORM object: it stays valid after the claim's transaction has
     committed and its session is gone, and it can be passed between threads.
-    ``locked_by`` and ``attempts`` together identify this claim: ``complete``
-    and ``fail`` only act while the row still carries both, so a worker whose
-    lease has expired (and whose task someone else claimed) cannot overwrite
-    the new holder's outcome.
+    ``locked_by``, ``attempts`` and ``started_at`` together identify this
+    claim: ``complete`` and ``fail`` only act while the row still carries all
+    three, so a worker whose lease has expired (and whose task someone else
+    claimed) cannot overwrite the new holder's outcome.
     """
 
     id: int

@@ -17,6 +17,11 @@ def is_mysql_family(dialect: Dialect) -> bool:
     return dialect.name in MYSQL_FAMILY
 
 
+def explain_prefix(dialect: Dialect) -> str:
+    """What turns a statement into a request for its plan."""
+    return {"sqlite": "EXPLAIN QUERY PLAN ", "oracle": "EXPLAIN PLAN FOR "}.get(dialect.name, "EXPLAIN ")
+
+
 def is_mariadb(dialect: Dialect) -> bool:
     return dialect.name == "mariadb" or (
         dialect.name == "mysql" and bool(getattr(dialect, "is_mariadb", False))

@@ -20,6 +20,7 @@ from sqlalchemy import Engine, Table, event, insert, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from sa_taskqueue.claimed import ClaimedTask
+from sa_taskqueue.dialects import explain_prefix
 from sa_taskqueue.exceptions import StrategyError, translate_database_errors
 from sa_taskqueue.model import Task, TaskMixin, TaskStatus
 from sa_taskqueue.notify import notify_enqueued
@@ -367,9 +368,7 @@ class TaskQueue:
             lease_until=now + self.lease,
         )
         statement = self.strategy.finding_statement(self.engine.dialect, self.table, request)
-        prefix = {"sqlite": "EXPLAIN QUERY PLAN ", "oracle": "EXPLAIN PLAN FOR "}.get(
-            self.engine.dialect.name, "EXPLAIN "
-        )
+        prefix = explain_prefix(self.engine.dialect)
         plan: list[Any] = []
 
         def explain(_conn: Any, _cursor: Any, sql: str, parameters: Any, *_rest: Any) -> tuple[str, Any]:
@@ -536,6 +535,14 @@ def _timeout_seconds(timeout: timedelta | float | None) -> float | None:
     if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds > 0:
         raise ValueError(f"timeout must be a positive number of seconds or timedelta, got {timeout!r}")
     return float(seconds)
+
+
+def check_task_arguments(params: Any, queue: Any, priority: Any, max_attempts: Any) -> None:
+    """The checks every enqueue path makes before touching the database."""
+    _check_params(params)
+    _check_queue_name(queue)
+    _check_int("priority", priority)
+    _check_max_attempts(max_attempts)
 
 
 def _check_params(params: Any) -> None:

@@ -150,6 +150,7 @@ def test_migrate_creates_the_table_on_an_empty_database(tmp_path: Path) -> None:
         (("status", "--url", "u:secret@host/db"), ("bad database URL", "***")),
         (("migrate", "--url", "sqlite://", "--revision", "nosuch"), ("migration failed",)),
         (("worker", "tests.broken_app:queue"), ("importing 'tests.broken_app' failed: KeyError",)),
+        (("enqueue", "x", "--queue", "q" * 101), ("queue must be a non-empty string of at most 100",)),
     ],
 )
 def test_errors_are_one_line_for_people(

@@ -125,8 +125,10 @@ class AdvisoryLockStrategy(ClaimStrategy):
         )
 
     def recovery_interval(self, lease: timedelta) -> timedelta:
-        # A free lock is proof its worker is gone: recover on every claim.
-        return timedelta(0)
+        # A free lock is proof its worker is gone, so there is no lease to
+        # wait for: look every second (not on every claim, which would add
+        # round trips to each one).
+        return min(lease / 4, timedelta(seconds=1))
 
     def claim(self, engine: Engine, table: Table, request: ClaimRequest) -> list[dict[str, Any]]:
         locks = AdvisoryLocks(engine, table)

@@ -255,10 +255,11 @@ class ClaimStrategy(ABC):
         is a client-side flag.  An SQLite UPDATE in autocommit mode takes the
         write lock before it reads (waiting out the busy timeout), so it needs
         no BEGIN IMMEDIATE around it.  MySQL drivers pay a round trip to switch
-        autocommit, so there it is the strategy's transaction.
+        autocommit, so there it is a plain transaction (UPDATE by primary key
+        takes no gap locks, so no isolation level needs setting for it).
         """
         if engine.dialect.name not in ("postgresql", "sqlite"):
-            with self.transaction(engine) as conn:
+            with engine.begin() as conn:
                 yield conn
             return
         with engine.connect() as conn:
