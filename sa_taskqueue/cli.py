@@ -398,9 +398,9 @@ def demo(ctx: click.Context, tasks: int, workers: int, url: str) -> None:
         else:
             summary = run_demo(url, tasks, workers)
     rate = summary.tasks / summary.seconds if summary.seconds else float("inf")
-    table = RichTable(title="summary")
-    table.add_column("")
-    table.add_column("", justify="right")
+    table = RichTable(title="summary", show_header=False)
+    table.add_column("what")
+    table.add_column("figure", justify="right")
     table.add_row("tasks", str(summary.tasks))
     table.add_row("worker processes", str(summary.workers))
     table.add_row("drained in", f"{summary.seconds:.2f}s")
