@@ -342,13 +342,7 @@ class TaskQueue:
         strategy = self.strategy
         self._recover_if_due(strategy)
         now = utcnow()
-        request = ClaimRequest(
-            limit=limit,
-            queues=queue_names,
-            worker_id=worker_id or self.default_worker_id(),
-            now=now,
-            lease_until=now + self.lease,
-        )
+        request = self._request(limit, queue_names, worker_id or self.default_worker_id(), now)
         with self._database_errors():
             rows = strategy.claim(self.engine, self.table, request)
         return sorted((ClaimedTask.from_row(row) for row in rows), key=lambda t: t.sort_key)
@@ -360,13 +354,7 @@ class TaskQueue:
         rows the table holds.
         """
         now = utcnow()
-        request = ClaimRequest(
-            limit=limit,
-            queues=tuple(queues) if queues is not None else None,
-            worker_id="explain",
-            now=now,
-            lease_until=now + self.lease,
-        )
+        request = self._request(limit, tuple(queues) if queues is not None else None, "explain", now)
         statement = self.strategy.finding_statement(self.engine.dialect, self.table, request)
         prefix = explain_prefix(self.engine.dialect)
         plan: list[Any] = []
@@ -390,6 +378,13 @@ class TaskQueue:
                 event.remove(conn, "before_cursor_execute", explain)
                 event.remove(conn, "after_cursor_execute", capture)
         return "\n".join(" ".join(str(value) for value in row) for row in plan)
+
+    def _request(
+        self, limit: int, queues: tuple[str, ...] | None, worker_id: str, now: datetime
+    ) -> ClaimRequest:
+        return ClaimRequest(
+            limit=limit, queues=queues, worker_id=worker_id, now=now, lease_until=now + self.lease
+        )
 
     def recover(self) -> int:
         """Give back tasks whose worker is gone (lease expired, or advisory lock free); return how many."""

@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 import sa_taskqueue as tq
 from tests.app import executions, make_queue
 from tests.backends import Backend
+from tests.helpers import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 PROCESSES = 8
@@ -34,15 +35,6 @@ def app_process(*args: str) -> subprocess.Popen[str]:
         stderr=subprocess.PIPE,
         text=True,
     )
-
-
-def wait_until(condition: object, seconds: float, what: str) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():  # type: ignore[operator]
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {seconds}s waiting for {what}")
 
 
 def status_counts(engine: sa.Engine) -> dict[str, int]:

@@ -13,13 +13,7 @@ from sqlalchemy.orm import Session
 
 import sa_taskqueue as tq
 from tests.app import executions, make_queue
-
-
-def rows(engine: sa.Engine) -> list[tq.Task]:
-    with Session(engine) as session:
-        found = list(session.scalars(sa.select(tq.Task).order_by(tq.Task.id)))
-        session.expunge_all()
-        return found
+from tests.helpers import task_rows as rows
 
 
 def test_a_burst_worker_runs_every_due_task_once_and_returns(queue: tq.TaskQueue, engine: sa.Engine) -> None:

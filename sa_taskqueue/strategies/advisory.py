@@ -31,9 +31,9 @@ from sa_taskqueue.model import TaskStatus
 from sa_taskqueue.strategies.base import (
     ClaimRequest,
     ClaimStrategy,
-    claim_order,
     claimed_values,
     due_clause,
+    due_select,
     orphan_values,
     same_claim,
 )
@@ -138,10 +138,7 @@ class AdvisoryLockStrategy(ClaimStrategy):
         try:
             candidates = list(
                 conn.scalars(
-                    select(table.c.id)
-                    .where(due_clause(table, request))
-                    .order_by(*claim_order(table))
-                    .limit(request.limit * 2 + 8),
+                    due_select(table, request, table.c.id).limit(request.limit * 2 + 8),
                     request.params(),
                 )
             )

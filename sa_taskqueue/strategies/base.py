@@ -23,6 +23,7 @@ from sqlalchemy import (
     Connection,
     Engine,
     Integer,
+    Select,
     Table,
     and_,
     bindparam,
@@ -126,12 +127,7 @@ class ClaimStrategy(ABC):
 
         Its parameters are `ClaimRequest.params`.
         """
-        return (
-            select(table.c.id)
-            .where(due_clause(table, request))
-            .order_by(*claim_order(table))
-            .limit(limit_param())
-        )
+        return due_select(table, request, table.c.id).limit(limit_param())
 
     def finish(
         self, engine: Engine, table: Table, task: ClaimedTask, values: Mapping[str, Any], now: datetime
@@ -310,6 +306,11 @@ def due_clause(table: Table, request: ClaimRequest) -> ColumnElement[bool]:
     return clause
 
 
+def due_select(table: Table, request: ClaimRequest, *columns: Any) -> Select[Any]:
+    """Due rows in claim order: what every strategy reads to find work (it adds the limit and locks)."""
+    return select(*columns).where(due_clause(table, request)).order_by(*claim_order(table))
+
+
 def limit_param() -> BindParameter[int]:
     """The claim's row limit, bound at execution."""
     return bindparam(LIMIT, type_=Integer())
@@ -362,6 +363,7 @@ __all__ = [
     "claim_order",
     "claimed_values",
     "due_clause",
+    "due_select",
     "held_params",
     "limit_param",
     "orphan_values",

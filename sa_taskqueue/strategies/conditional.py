@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Table, bindparam, event, select, update
+from sqlalchemy import Connection, Engine, Table, bindparam, event, update
 from sqlalchemy.engine import Dialect
 from sqlalchemy.pool import ConnectionPoolEntry
 
@@ -20,9 +20,9 @@ from sa_taskqueue.strategies.base import (
     ClaimRequest,
     ClaimStrategy,
     apply_claim,
-    claim_order,
     claimed_values,
     due_clause,
+    due_select,
     limit_param,
 )
 
@@ -64,13 +64,7 @@ class ConditionalUpdateStrategy(ClaimStrategy):
 
     def sqlite_claim(self, table: Table, request: ClaimRequest) -> Any:
         """One UPDATE of the first due rows, RETURNING them (SQLite 3.35+)."""
-        due_ids = (
-            select(table.c.id)
-            .where(due_clause(table, request))
-            .order_by(*claim_order(table))
-            .limit(limit_param())
-            .scalar_subquery()
-        )
+        due_ids = due_select(table, request, table.c.id).limit(limit_param()).scalar_subquery()
         return (
             update(table)
             .where(table.c.id.in_(due_ids))
@@ -94,12 +88,7 @@ class ConditionalUpdateStrategy(ClaimStrategy):
             "candidates",
             table,
             request,
-            lambda: (
-                select(table)
-                .where(due_clause(table, request))
-                .order_by(*claim_order(table))
-                .limit(limit_param())
-            ),
+            lambda: due_select(table, request, table).limit(limit_param()),
         )
         take = self.statement(
             "take",

@@ -24,9 +24,8 @@ from sa_taskqueue.strategies.base import (
     ClaimRequest,
     ClaimStrategy,
     apply_claim,
-    claim_order,
     claimed_values,
-    due_clause,
+    due_select,
     limit_param,
 )
 
@@ -207,9 +206,4 @@ def mark_claimed(table: Table, request: ClaimRequest) -> Any:
 
 def locking_select(table: Table, request: ClaimRequest, *columns: Any) -> Select[Any]:
     """Due rows in claim order, locked with SKIP LOCKED; the caller adds a LIMIT where the dialect allows."""
-    return (
-        select(*columns)
-        .where(due_clause(table, request))
-        .order_by(*claim_order(table))
-        .with_for_update(skip_locked=True)
-    )
+    return due_select(table, request, *columns).with_for_update(skip_locked=True)
