@@ -16,7 +16,7 @@ from sqlalchemy import Engine, Table, delete, func, select, update
 from sqlalchemy.orm import Session
 
 from sa_taskqueue.exceptions import translate_database_errors
-from sa_taskqueue.model import Task, TaskMixin, TaskStatus
+from sa_taskqueue.model import Task, TaskMixin, TaskStatus, has_status
 from sa_taskqueue.notify import notify_enqueued
 from sa_taskqueue.types import utcnow
 
@@ -82,14 +82,14 @@ class Admin:
                 counts[queue][TaskStatus(status).value] = count
             report.counts = dict(counts)
             oldest = conn.scalar(
-                select(func.min(t.c.run_at)).where(t.c.status == TaskStatus.QUEUED, t.c.run_at <= now)
+                select(func.min(t.c.run_at)).where(has_status(t, TaskStatus.QUEUED), t.c.run_at <= now)
             )
             if oldest is not None:
                 report.oldest_due_age = now - oldest
             report.expired_leases = list(
                 conn.scalars(
                     select(t.c.id)
-                    .where(t.c.status == TaskStatus.RUNNING, t.c.locked_until < now)
+                    .where(has_status(t, TaskStatus.RUNNING), t.c.locked_until < now)
                     .order_by(t.c.id)
                     .limit(1000)
                 )

@@ -6,7 +6,19 @@ import enum
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, Enum, Identity, Index, Integer, MetaData, String, Text
+from sqlalchemy import (
+    BigInteger,
+    ColumnElement,
+    Enum,
+    Identity,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    literal_column,
+)
 from sqlalchemy.dialects import mysql
 from sqlalchemy.orm import DeclarativeBase, Mapped, declared_attr, mapped_column
 
@@ -108,10 +120,19 @@ class TaskMixin:
 
 
 def _status_is(status: TaskStatus) -> Any:
-    from sqlalchemy import literal_column
-
     # A literal (not a bound parameter): a partial index predicate is DDL.
     return literal_column("status") == literal_column(f"'{status.value}'")
+
+
+def has_status(table: Table, status: TaskStatus) -> ColumnElement[bool]:
+    """``status = '<status>'`` with the value written into the SQL rather than bound.
+
+    Only then can the partial index on that status serve the query in a
+    prepared statement's generic plan (PostgreSQL, which psycopg prepares
+    after five runs) and at all on SQLite: neither can tell that a bound
+    ``status = $1`` implies the index's ``status = 'queued'``.
+    """
+    return table.c.status == literal_column(f"'{status.value}'", type_=table.c.status.type)
 
 
 class Base(DeclarativeBase):
@@ -128,4 +149,4 @@ class Task(TaskMixin, Base):
 
 metadata = Base.metadata
 
-__all__ = ["Base", "Task", "TaskMixin", "TaskStatus", "metadata"]
+__all__ = ["Base", "Task", "TaskMixin", "TaskStatus", "has_status", "metadata"]

@@ -27,7 +27,7 @@ from sqlalchemy.exc import DBAPIError
 
 from sa_taskqueue.claimed import ClaimedTask
 from sa_taskqueue.dialects import is_mysql_family
-from sa_taskqueue.model import TaskStatus
+from sa_taskqueue.model import TaskStatus, has_status
 from sa_taskqueue.strategies.base import (
     ClaimRequest,
     ClaimStrategy,
@@ -183,7 +183,7 @@ class AdvisoryLockStrategy(ClaimStrategy):
         rows = conn.execute(
             select(table).where(
                 table.c.id.in_(ids),
-                table.c.status == TaskStatus.RUNNING,
+                has_status(table, TaskStatus.RUNNING),
                 table.c.locked_by == request.worker_id,
             )
         ).mappings()
@@ -206,7 +206,7 @@ class AdvisoryLockStrategy(ClaimStrategy):
             if key not in holder.claims:
                 return super().finish(engine, table, task, values, now)
             try:
-                result = holder.conn.execute(*self.finish_statement(table, task, values, now))
+                written = self.write_if_held(holder.conn, table, task, values, now)
             except DBAPIError as error:
                 if error.connection_invalidated:
                     # The connection, and with it every lock it held, is gone.
@@ -215,7 +215,7 @@ class AdvisoryLockStrategy(ClaimStrategy):
                 # the caller can still record a failure under it.
                 raise
             self._release(holder, key)
-        return result.rowcount == 1
+        return written
 
     def _release(self, holder: _Holder, key: ClaimKey) -> None:
         """Unlock one finished task; give the connection back once it holds no more."""
@@ -241,7 +241,7 @@ class AdvisoryLockStrategy(ClaimStrategy):
             running = list(
                 conn.scalars(
                     select(table.c.id)
-                    .where(table.c.status == TaskStatus.RUNNING, table.c.id > self._recovery_after_id)
+                    .where(has_status(table, TaskStatus.RUNNING), table.c.id > self._recovery_after_id)
                     .order_by(table.c.id)
                     .limit(RECOVERY_BATCH)
                 )
@@ -254,7 +254,7 @@ class AdvisoryLockStrategy(ClaimStrategy):
             if orphans:
                 result = conn.execute(
                     update(table)
-                    .where(table.c.id.in_(orphans), table.c.status == TaskStatus.RUNNING)
+                    .where(table.c.id.in_(orphans), has_status(table, TaskStatus.RUNNING))
                     .values(**orphan_values(table, now, WORKER_LOST_ERROR))
                 )
                 recovered = result.rowcount
@@ -273,6 +273,7 @@ class AdvisoryLockStrategy(ClaimStrategy):
             self._holders.clear()
         for holder in holders.values():
             self._drop(holder)
+        super().close()
 
     def _drop(self, holder: _Holder) -> None:
         """Close the holder's connection, which drops every lock it held."""

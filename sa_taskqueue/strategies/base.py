@@ -9,6 +9,7 @@ table, so one strategy serves `Task` and any application table mapped with
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -35,7 +36,9 @@ from sqlalchemy import (
 from sqlalchemy.engine import Dialect
 
 from sa_taskqueue.claimed import ClaimedTask
-from sa_taskqueue.model import TaskStatus
+from sa_taskqueue.model import TaskStatus, has_status
+from sa_taskqueue.strategies.kept_connection import KeptConnection
+from sa_taskqueue.strategies.prepared import PreparedStatement
 from sa_taskqueue.types import UTCDateTime
 
 LEASE_EXPIRED_ERROR = "lease expired: the worker holding this task stopped renewing it (crashed or lost)"
@@ -60,13 +63,13 @@ class ClaimRequest:
             LEASE_UNTIL: self.lease_until,
         }
         if self.queues is not None:
-            params[QUEUES] = list(self.queues)
+            params.update(zip(queue_params(len(self.queues)), self.queues, strict=True))
         return params
 
     @property
-    def shape(self) -> tuple[bool]:
-        """What changes the claim statement's SQL (not just its parameters): a queue filter or none."""
-        return (self.queues is not None,)
+    def shape(self) -> tuple[int | None]:
+        """What changes the claim statement's SQL (not just its parameters): how many queues it names."""
+        return (len(self.queues) if self.queues is not None else None,)
 
 
 # Claim statements are built once per shape and run with these parameters:
@@ -76,7 +79,12 @@ LIMIT = "claim_limit"
 NOW = "claim_now"
 WORKER = "claim_worker"
 LEASE_UNTIL = "claim_lease_until"
-QUEUES = "claim_queues"
+QUEUES = "claim_queue"
+
+
+def queue_params(count: int) -> list[str]:
+    """The parameters holding a claim's queue names: one per name, so that the SQL is fixed per count."""
+    return [f"{QUEUES}_{index}" for index in range(count)]
 
 
 class ClaimStrategy(ABC):
@@ -137,22 +145,34 @@ class ClaimStrategy(ABC):
         Used for every transition out of RUNNING (completed, failed, retried,
         given back), so one ownership test guards them all.
         """
-        statement, params = self.finish_statement(table, task, values, now)
         with self.single_statement(engine) as conn:
-            result = conn.execute(statement, params)
-        return result.rowcount == 1
+            return self.write_if_held(conn, table, task, values, now)
+
+    def write_if_held(
+        self, conn: Connection, table: Table, task: ClaimedTask, values: Mapping[str, Any], now: datetime
+    ) -> bool:
+        """Run the guarded UPDATE of `finish_statement` on ``conn``; True if it wrote the row."""
+        statement, params = self.finish_statement(table, task, values, now, conn.dialect)
+        if isinstance(statement, PreparedStatement):
+            return statement.execute(conn, params).rowcount == 1
+        return conn.execute(statement, params).rowcount == 1
 
     def finish_statement(
-        self, table: Table, task: ClaimedTask, values: Mapping[str, Any], now: datetime
+        self, table: Table, task: ClaimedTask, values: Mapping[str, Any], now: datetime, dialect: Dialect
     ) -> tuple[Any, dict[str, Any]]:
-        """The guarded UPDATE writing ``values`` to ``task``'s row, and its parameters."""
+        """The guarded UPDATE writing ``values`` to ``task``'s row, and its parameters.
+
+        A `PreparedStatement` for the usual values, a construct when they hold
+        SQL (release's ``attempts - 1``: rare, built each time).
+        """
         params = held_params(task, now)
         if any(isinstance(value, ClauseElement) for value in values.values()):
-            # SQL in the values (release's attempts - 1): rare, built each time.
             return update(table).where(self.holds(table)).values(**values), params
         names = tuple(sorted(values))
-        statement = self.cached(
-            ("finish", table, names),
+        statement = self.prepared(
+            ("finish", names),
+            dialect,
+            table,
             lambda: (
                 update(table)
                 .where(self.holds(table))
@@ -166,8 +186,10 @@ class ClaimStrategy(ABC):
         self, engine: Engine, table: Table, tasks: Sequence[ClaimedTask], until: datetime, now: datetime
     ) -> set[int]:
         """Move the lease of each still-held task in ``tasks`` to ``until``; return the ids extended."""
-        extend = self.cached(
-            ("extend", table),
+        extend = self.prepared(
+            ("extend",),
+            engine.dialect,
+            table,
             lambda: (
                 update(table)
                 .where(self.holds(table))
@@ -177,7 +199,7 @@ class ClaimStrategy(ABC):
         extended: set[int] = set()
         with self.transaction(engine) as conn:
             for task in tasks:
-                result = conn.execute(extend, {**held_params(task, now), "new_lease_until": until})
+                result = extend.execute(conn, {**held_params(task, now), "new_lease_until": until})
                 if result.rowcount == 1:
                     extended.add(task.id)
         return extended
@@ -200,7 +222,7 @@ class ClaimStrategy(ABC):
         """
         with self.transaction(engine) as conn:
             expired = select(table.c.id).where(
-                table.c.status == TaskStatus.RUNNING, table.c.locked_until < now
+                has_status(table, TaskStatus.RUNNING), table.c.locked_until < now
             )
             ids = list(conn.scalars(self.lock_rows(conn, expired)))
             if not ids:
@@ -209,7 +231,7 @@ class ClaimStrategy(ABC):
                 update(table)
                 .where(
                     table.c.id.in_(ids),
-                    table.c.status == TaskStatus.RUNNING,
+                    has_status(table, TaskStatus.RUNNING),
                     table.c.locked_until < now,
                 )
                 .values(**orphan_values(table, now, LEASE_EXPIRED_ERROR))
@@ -220,32 +242,52 @@ class ClaimStrategy(ABC):
         """Turn a SELECT of rows this transaction will update into one safe to run concurrently."""
         return query
 
-    def close(self) -> None:
-        """Release whatever the strategy holds (connections, locks)."""
-
-    def statement(self, name: str, table: Table, request: ClaimRequest, build: Callable[[], Any]) -> Any:
-        """The statement ``name`` for this table and request shape, built on first use."""
-        return self.cached((name, table, request.shape), build)
-
-    def cached(self, key: tuple[Any, ...], build: Callable[[], Any]) -> Any:
-        """A statement built once per ``key`` and kept by this strategy."""
-        cache: dict[tuple[Any, ...], Any] = self.__dict__.setdefault("_statements", {})
+    def prepared(
+        self, name: tuple[Any, ...], dialect: Dialect, table: Table, build: Callable[[], Any]
+    ) -> PreparedStatement:
+        """The statement ``name`` for this table, compiled for ``dialect`` on first use and kept."""
+        cache: dict[tuple[Any, ...], PreparedStatement] = self.__dict__.setdefault("_prepared", {})
+        key = (*name, table, dialect)
         found = cache.get(key)
         if found is None:
-            found = cache[key] = build()
+            found = cache[key] = PreparedStatement(build(), dialect, table)
+        return found
+
+    def claim_statement(
+        self, name: str, dialect: Dialect, table: Table, request: ClaimRequest, build: Callable[[], Any]
+    ) -> PreparedStatement:
+        """The claim statement ``name`` for this table and request shape, prepared on first use."""
+        return self.prepared((name, request.shape), dialect, table, build)
+
+    def kept_connection(self, engine: Engine, *, autocommit: bool) -> KeptConnection:
+        """The connection this strategy keeps for ``engine``'s hot statements, in either mode."""
+        kept: dict[tuple[Engine, bool], KeptConnection] = self.__dict__.setdefault("_kept", {})
+        found = kept.get((engine, autocommit))
+        if found is None:
+            with _KEPT_MUTEX:
+                found = kept.setdefault((engine, autocommit), KeptConnection(engine, autocommit=autocommit))
         return found
 
     @contextmanager
     def transaction(self, engine: Engine) -> Iterator[Connection]:
-        """A connection in a transaction that commits on success and rolls back on error."""
-        with engine.begin() as conn:
+        """A connection in a transaction that commits on success and rolls back on error.
+
+        Where claims run in transactions (MySQL, MariaDB, Oracle) that is the
+        kept connection; on PostgreSQL and SQLite, whose claims and
+        completions run in autocommit, transactions are rare and pooled.
+        """
+        if engine.dialect.name in AUTOCOMMIT_DIALECTS:
+            with engine.begin() as conn:
+                yield conn
+            return
+        with self.kept_connection(engine, autocommit=False).transaction() as conn:
             yield conn
 
     @contextmanager
     def single_statement(self, engine: Engine) -> Iterator[Connection]:
-        """A connection for one statement that is atomic on its own (a claim, a completion).
+        """The kept connection, for one statement that is atomic on its own (a claim, a completion).
 
-        On PostgreSQL and SQLite that is autocommit.  PostgreSQL drivers send
+        On PostgreSQL and SQLite it is in autocommit.  PostgreSQL drivers send
         BEGIN and COMMIT as round trips of their own, which would triple the
         cost of every claim and completion, while switching them to autocommit
         is a client-side flag.  An SQLite UPDATE in autocommit mode takes the
@@ -254,13 +296,19 @@ class ClaimStrategy(ABC):
         autocommit, so there it is a plain transaction (UPDATE by primary key
         takes no gap locks, so no isolation level needs setting for it).
         """
-        if engine.dialect.name not in ("postgresql", "sqlite"):
-            with engine.begin() as conn:
-                yield conn
-            return
-        with engine.connect() as conn:
-            yield conn.execution_options(isolation_level="AUTOCOMMIT")
+        autocommit = engine.dialect.name in AUTOCOMMIT_DIALECTS
+        with self.kept_connection(engine, autocommit=autocommit).transaction() as conn:
+            yield conn
 
+    def close(self) -> None:
+        """Release whatever the strategy holds: its kept connections (and, in some, locks)."""
+        for kept in list(self.__dict__.get("_kept", {}).values()):
+            kept.close()
+
+
+#: Dialects whose single-statement claims and completions run in autocommit.
+AUTOCOMMIT_DIALECTS = ("postgresql", "sqlite")
+_KEPT_MUTEX = threading.Lock()
 
 HELD_ID = "held_id"
 HELD_BY = "held_by"
@@ -277,7 +325,7 @@ def same_claim(table: Table) -> ColumnElement[bool]:
     """
     return and_(
         table.c.id == bindparam(HELD_ID, type_=table.c.id.type),
-        table.c.status == TaskStatus.RUNNING,
+        has_status(table, TaskStatus.RUNNING),
         table.c.locked_by == bindparam(HELD_BY, type_=table.c.locked_by.type),
         table.c.attempts == bindparam(HELD_ATTEMPTS, type_=table.c.attempts.type),
         table.c.started_at == bindparam(HELD_STARTED_AT, type_=table.c.started_at.type),
@@ -298,11 +346,14 @@ def held_params(task: ClaimedTask, now: datetime) -> dict[str, Any]:
 def due_clause(table: Table, request: ClaimRequest) -> ColumnElement[bool]:
     """Queued, due, and (when asked) in one of the requested queues; values from `ClaimRequest.params`."""
     clause = and_(
-        table.c.status == TaskStatus.QUEUED,
+        has_status(table, TaskStatus.QUEUED),
         table.c.run_at <= bindparam(NOW, type_=table.c.run_at.type),
     )
     if request.queues is not None:
-        clause = and_(clause, table.c.queue.in_(bindparam(QUEUES, expanding=True)))
+        names = queue_params(len(request.queues))
+        clause = and_(
+            clause, table.c.queue.in_([bindparam(name, type_=table.c.queue.type) for name in names])
+        )
     return clause
 
 

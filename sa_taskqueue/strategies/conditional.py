@@ -75,23 +75,26 @@ class ConditionalUpdateStrategy(ClaimStrategy):
     def _claim_returning(self, engine: Engine, table: Table, request: ClaimRequest) -> list[dict[str, Any]]:
         # Inside a write transaction begun IMMEDIATE no other process can write
         # between this UPDATE's subquery and its update, so it is exact.
-        claim = self.statement("claim", table, request, lambda: self.sqlite_claim(table, request))
+        claim = self.claim_statement(
+            "claim", engine.dialect, table, request, lambda: self.sqlite_claim(table, request)
+        )
         with self.transaction(engine) as conn:
-            rows = conn.execute(claim, request.params()).mappings().all()
-        return [dict(row) for row in rows]
+            return claim.rows(conn, request.params())
 
     def _claim_row_by_row(self, engine: Engine, table: Table, request: ClaimRequest) -> list[dict[str, Any]]:
         # Without RETURNING (MySQL, MariaDB) and without a database-wide write
         # lock, each candidate is taken by its own compare-and-set UPDATE, whose
         # row count says whether this claimer won it.
-        candidates = self.statement(
+        candidates = self.claim_statement(
             "candidates",
+            engine.dialect,
             table,
             request,
             lambda: due_select(table, request, table).limit(limit_param()),
         )
-        take = self.statement(
+        take = self.claim_statement(
             "take",
+            engine.dialect,
             table,
             request,
             lambda: (
@@ -107,9 +110,9 @@ class ConditionalUpdateStrategy(ClaimStrategy):
         params = request.params()
         claimed: list[dict[str, Any]] = []
         with self.transaction(engine) as conn:
-            for row in conn.execute(candidates, params).mappings().all():
-                won = conn.execute(
-                    take, {**params, CANDIDATE_ID: row["id"], CANDIDATE_ATTEMPTS: row["attempts"]}
+            for row in candidates.rows(conn, params):
+                won = take.execute(
+                    conn, {**params, CANDIDATE_ID: row["id"], CANDIDATE_ATTEMPTS: row["attempts"]}
                 )
                 if won.rowcount == 1:
                     claimed.append(apply_claim(row, request))
@@ -118,7 +121,7 @@ class ConditionalUpdateStrategy(ClaimStrategy):
     @contextmanager
     def transaction(self, engine: Engine) -> Iterator[Connection]:
         if engine.dialect.name != "sqlite":
-            with engine.begin() as conn:
+            with super().transaction(engine) as conn:
                 yield conn
             return
         # Python's sqlite3 (legacy transaction mode) sends no BEGIN before a
@@ -126,8 +129,7 @@ class ConditionalUpdateStrategy(ClaimStrategy):
         # fails with "database is locked" instead of waiting when another
         # process wrote meanwhile.  So the driver's own transaction handling is
         # switched off and the write lock taken up front with BEGIN IMMEDIATE.
-        with engine.connect() as conn:
-            conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+        with self.kept_connection(engine, autocommit=True).transaction() as conn:
             conn.exec_driver_sql("BEGIN IMMEDIATE")
             try:
                 yield conn

@@ -94,10 +94,11 @@ class SkipLockedStrategy(ClaimStrategy):
     def _claim_in_one_statement(
         self, engine: Engine, table: Table, request: ClaimRequest
     ) -> list[dict[str, Any]]:
-        claim = self.statement("claim", table, request, lambda: self.one_statement_claim(table, request))
+        claim = self.claim_statement(
+            "claim", engine.dialect, table, request, lambda: self.one_statement_claim(table, request)
+        )
         with self.single_statement(engine) as conn:
-            rows = conn.execute(claim, request.params()).mappings().all()
-        return [dict(row) for row in rows]
+            return claim.rows(conn, request.params())
 
     # MySQL and MariaDB --------------------------------------------------------
 
@@ -106,15 +107,23 @@ class SkipLockedStrategy(ClaimStrategy):
         # an IN (...) subquery (error 1235), so the claim is two statements in
         # one transaction: lock the whole rows, then update them by id.  The
         # rows as claimed are computed from what was read, not read again.
-        lock = self.statement(
-            "lock", table, request, lambda: locking_select(table, request, table).limit(limit_param())
+        dialect = engine.dialect
+        lock = self.claim_statement(
+            "lock",
+            dialect,
+            table,
+            request,
+            lambda: locking_select(table, request, table).limit(limit_param()),
         )
-        mark = self.statement("mark", table, request, lambda: mark_claimed(table, request))
         params = request.params()
         with self.transaction(engine) as conn:
-            rows = conn.execute(lock, params).mappings().all()
+            rows = lock.rows(conn, params)
             if rows:
-                conn.execute(mark, {**params, CLAIMED_IDS: [row["id"] for row in rows]})
+                ids = claimed_id_params(len(rows))
+                mark = self.claim_statement(
+                    f"mark{len(rows)}", dialect, table, request, lambda: mark_claimed(table, request, ids)
+                )
+                mark.execute(conn, {**params, **dict(zip(ids, (row["id"] for row in rows), strict=True))})
         return [apply_claim(row, request) for row in rows]
 
     # Oracle -------------------------------------------------------------------
@@ -135,16 +144,20 @@ class SkipLockedStrategy(ClaimStrategy):
     def _claim_from_unbounded_cursor(
         self, engine: Engine, table: Table, request: ClaimRequest
     ) -> list[dict[str, Any]]:
-        lock = self.statement("lock", table, request, lambda: self.oracle_locking_select(table, request))
-        mark = self.statement("mark", table, request, lambda: mark_claimed(table, request))
+        lock = self.oracle_locking_select(table, request).execution_options(
+            **{FETCH_ROWS_OPTION: request.limit}
+        )
         params = request.params()
         with self.transaction(engine) as conn:
-            cursor = conn.execute(lock.execution_options(**{FETCH_ROWS_OPTION: request.limit}), params)
+            cursor = conn.execute(lock, params)
             ids = [row[0] for row in cursor.fetchmany(request.limit)]
             cursor.close()
             if not ids:
                 return []
-            conn.execute(mark, {**params, CLAIMED_IDS: ids})
+            conn.execute(
+                mark_claimed(table, request, claimed_id_params(len(ids))),
+                {**params, **dict(zip(claimed_id_params(len(ids)), ids, strict=True))},
+            )
             rows = conn.execute(select(table).where(table.c.id.in_(ids))).mappings().all()
         return [dict(row) for row in rows]
 
@@ -162,7 +175,7 @@ class SkipLockedStrategy(ClaimStrategy):
     @contextmanager
     def transaction(self, engine: Engine) -> Iterator[Connection]:
         if not is_mysql_family(engine.dialect):
-            with engine.begin() as conn:
+            with super().transaction(engine) as conn:
                 yield conn
             return
         # Under MySQL's default REPEATABLE READ a locking read also takes gap
@@ -171,7 +184,7 @@ class SkipLockedStrategy(ClaimStrategy):
         # the rows it returns.  SET TRANSACTION (no SESSION) applies to this
         # transaction alone: one statement, nothing to reset afterwards, and
         # sent through SQLAlchemy, which notices a dead connection.
-        with engine.begin() as conn:
+        with super().transaction(engine) as conn:
             conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
             yield conn
 
@@ -192,16 +205,15 @@ def _size_oracle_fetch(
         cursor.arraysize = rows
 
 
-CLAIMED_IDS = "claimed_ids"
+def claimed_id_params(count: int) -> list[str]:
+    """The parameters holding the ids of ``count`` locked rows: one per id, so the SQL is fixed per count."""
+    return [f"claimed_id_{index}" for index in range(count)]
 
 
-def mark_claimed(table: Table, request: ClaimRequest) -> Any:
-    """UPDATE the rows whose ids are bound as ``claimed_ids`` to claimed."""
-    return (
-        update(table)
-        .where(table.c.id.in_(bindparam(CLAIMED_IDS, expanding=True)))
-        .values(**claimed_values(table, request))
-    )
+def mark_claimed(table: Table, request: ClaimRequest, id_params: list[str]) -> Any:
+    """UPDATE the rows whose ids are bound to ``id_params`` to claimed."""
+    ids = [bindparam(name, type_=table.c.id.type) for name in id_params]
+    return update(table).where(table.c.id.in_(ids)).values(**claimed_values(table, request))
 
 
 def locking_select(table: Table, request: ClaimRequest, *columns: Any) -> Select[Any]:

@@ -1,0 +1,169 @@
+"""Claims and completions run prepared SQL on a connection the strategy keeps: what that must not change.
+
+The kept connection and the prepared statements are there for speed (see
+benchmarks/).  These tests hold them to the guarantees of the slower path:
+rows read back as through SQLAlchemy, no thread waits for another, a broken
+connection is replaced, a forked child never writes on its parent's socket,
+and pools that share one DBAPI connection are left as they were.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from datetime import datetime, timedelta, timezone
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+import sa_taskqueue as tq
+from tests.app import make_queue
+from tests.backends import Backend
+from tests.helpers import task_row, task_rows
+
+TABLE = tq.Task.__table__
+
+
+def enqueue(queue: tq.TaskQueue, engine: sa.Engine, count: int, **options: object) -> list[int]:
+    with Session(engine) as session:
+        tasks = [queue.enqueue(session, "record", {"key": n}, **options) for n in range(count)]  # type: ignore[arg-type]
+        session.commit()
+        return [task.id for task in tasks]
+
+
+def backend_pid(queue: tq.TaskQueue) -> int:
+    """The server's id for the connection the strategy keeps for single statements."""
+    sql = {"postgresql": "SELECT pg_backend_pid()", "mysql": "SELECT CONNECTION_ID()"}
+    with queue.strategy.single_statement(queue.engine) as conn:
+        return int(conn.exec_driver_sql(sql[conn.dialect.name]).scalar_one())
+
+
+def test_claimed_rows_read_back_as_through_sqlalchemy(queue: tq.TaskQueue, engine: sa.Engine) -> None:
+    run_at = datetime(2020, 5, 6, 7, 8, 9, 123456, tzinfo=timezone(timedelta(hours=-5)))
+    params = {"key": 1, "text": "é ✓ 'quoted' %s %(x)s", "nested": {"list": [1, 2.5, None, True]}}
+    with Session(engine) as session:
+        task = queue.enqueue(session, "record", params, run_at=run_at, priority=-3, queue="mail")
+        session.commit()
+        task_id = task.id
+    [claimed] = queue.claim(queues=["mail"])
+    row = task_row(engine, task_id)
+    assert claimed.params == row.params == params
+    assert claimed.run_at == row.run_at == run_at
+    for stamp in (claimed.run_at, claimed.created_at, claimed.started_at, claimed.locked_until):
+        assert stamp.utcoffset() == timedelta(0), stamp
+    assert (claimed.started_at, claimed.locked_until) == (row.started_at, row.locked_until)
+    assert (claimed.priority, claimed.queue, claimed.attempts) == (row.priority, row.queue, row.attempts)
+    assert queue.complete(claimed, {"answer": "é", "n": [1, 2]})
+    assert task_row(engine, task_id).result == {"answer": "é", "n": [1, 2]}
+
+
+def test_a_claim_finds_the_kept_connection_lent_out_and_takes_a_pooled_one(
+    queue: tq.TaskQueue, engine: sa.Engine
+) -> None:
+    [task_id] = enqueue(queue, engine, 1)
+    outcome: list[object] = []
+
+    def claim_and_complete() -> None:
+        [claimed] = queue.claim()
+        outcome.append(queue.complete(claimed))
+
+    with queue.strategy.single_statement(engine):
+        other = threading.Thread(target=claim_and_complete)
+        other.start()
+        other.join(timeout=30)
+        assert not other.is_alive(), "the claim waited for the thread holding the kept connection"
+    assert outcome == [True]
+    assert task_row(engine, task_id).status == tq.TaskStatus.COMPLETED
+
+
+@pytest.mark.backends("postgres", "mysql", "mariadb")
+def test_a_kept_connection_the_server_dropped_is_replaced(engine: sa.Engine) -> None:
+    queue = make_queue(engine, None, timedelta(minutes=5))
+    [first, second] = enqueue(queue, engine, 2)
+    assert [t.id for t in queue.claim()] == [first]
+    dropped = backend_pid(queue)
+    with engine.connect() as admin:
+        if engine.dialect.name == "postgresql":
+            admin.exec_driver_sql(f"SELECT pg_terminate_backend({dropped})")
+        else:
+            admin.exec_driver_sql(f"KILL {dropped}")
+    # The next statement on the dropped connection fails as a lost connection
+    # (a claim is not retried blindly: it may have committed), and the one
+    # after that runs on a new connection.
+    with pytest.raises(tq.DatabaseUnavailable):
+        queue.claim()
+    assert [t.id for t in queue.claim()] == [second]
+    assert backend_pid(queue) != dropped
+    queue.close()
+
+
+@pytest.mark.slow
+def test_a_forked_child_and_its_parent_claim_side_by_side(engine: sa.Engine) -> None:
+    queue = make_queue(engine, None, timedelta(minutes=5))
+    ids = enqueue(queue, engine, 300)
+    [first] = queue.claim()  # the parent now keeps a connection
+    assert queue.complete(first)
+    started_read, started_write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: SQLAlchemy's rule after a fork, then the same queue object
+        status = 1
+        try:
+            engine.dispose(close=False)
+            signalled = False
+            while claimed := queue.claim(limit=2):
+                for task in claimed:
+                    if not queue.complete(task, {"by": "child"}):
+                        raise AssertionError(f"lost {task.id}")
+                if not signalled:
+                    os.write(started_write, b"1")
+                    signalled = True
+            status = 0
+        finally:
+            os._exit(status)
+    # Start once the child has claimed, so that the two really run side by side.
+    assert os.read(started_read, 1) == b"1"
+    done = 1
+    while claimed := queue.claim(limit=2):
+        for task in claimed:
+            assert queue.complete(task, {"by": "parent"})
+            done += 1
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "the child failed: it wrote on its parent's connection?"
+    rows = task_rows(engine)
+    assert sorted(row.id for row in rows) == ids
+    assert all(row.status == tq.TaskStatus.COMPLETED for row in rows)
+    by_child = sum(row.result == {"by": "child"} for row in rows)
+    assert done + by_child == len(ids) and done > 1 and by_child > 0, (done, by_child)
+    queue.close()
+
+
+@pytest.mark.backends("sqlite")
+def test_a_pool_sharing_one_connection_keeps_the_applications_transactions(tmp_path: object) -> None:
+    # StaticPool (and SingletonThreadPool, SQLite's in-memory default) hand
+    # every user the same DBAPI connection: one left in autocommit mode would
+    # commit the application's session behind its back.
+    engine = sa.create_engine(f"sqlite:///{tmp_path}/static.db", poolclass=sa.pool.StaticPool)
+    tq.metadata.create_all(engine)
+    queue = make_queue(engine, None, timedelta(minutes=5))
+    enqueue(queue, engine, 1)
+    [claimed] = queue.claim()
+    assert queue.complete(claimed)
+    with Session(engine) as session:
+        queue.enqueue(session, "record", {"key": 9})
+        session.rollback()
+    assert [row.status for row in task_rows(engine)] == [tq.TaskStatus.COMPLETED]
+    queue.close()
+    engine.dispose()
+
+
+def test_closing_the_queue_gives_its_connections_back(backend: Backend, engine: sa.Engine) -> None:
+    own = sa.create_engine(backend.url)
+    queue = make_queue(own, None, timedelta(minutes=5))
+    enqueue(queue, own, 2)
+    [claimed] = queue.claim()
+    assert queue.complete(claimed)
+    assert own.pool.checkedout() >= 1  # type: ignore[attr-defined]
+    queue.close()
+    assert own.pool.checkedout() == 0  # type: ignore[attr-defined]
+    own.dispose()
