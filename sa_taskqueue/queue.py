@@ -406,10 +406,11 @@ class TaskQueue:
 
     def complete(self, claimed: ClaimedTask, result: Any = None) -> bool:
         """Mark the task COMPLETED with ``result``; False if ``claimed`` no longer holds it."""
-        try:
-            json.dumps(result, allow_nan=False)
-        except (TypeError, ValueError) as error:
-            raise TypeError(f"result is not JSON-serialisable: {error}") from error
+        if result is not None:
+            try:
+                json.dumps(result, allow_nan=False)
+            except (TypeError, ValueError) as error:
+                raise TypeError(f"result is not JSON-serialisable: {error}") from error
         now = utcnow()
         values = {
             "status": TaskStatus.COMPLETED,

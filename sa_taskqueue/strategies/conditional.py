@@ -20,10 +20,12 @@ from sa_taskqueue.strategies.base import (
     ClaimRequest,
     ClaimStrategy,
     apply_claim,
+    claimed_row,
     claimed_values,
     due_clause,
     due_select,
     limit_param,
+    read_back,
 )
 
 CANDIDATE_ID = "candidate_id"
@@ -69,7 +71,7 @@ class ConditionalUpdateStrategy(ClaimStrategy):
             update(table)
             .where(table.c.id.in_(due_ids))
             .values(**claimed_values(table, request))
-            .returning(*table.c)
+            .returning(*read_back(table))
         )
 
     def _claim_returning(self, engine: Engine, table: Table, request: ClaimRequest) -> list[dict[str, Any]]:
@@ -79,7 +81,7 @@ class ConditionalUpdateStrategy(ClaimStrategy):
             "claim", engine.dialect, table, request, lambda: self.sqlite_claim(table, request)
         )
         with self.transaction(engine) as conn:
-            return claim.rows(conn, request.params())
+            return [claimed_row(row, request) for row in claim.rows(conn, request.params())]
 
     def _claim_row_by_row(self, engine: Engine, table: Table, request: ClaimRequest) -> list[dict[str, Any]]:
         # Without RETURNING (MySQL, MariaDB) and without a database-wide write
@@ -90,7 +92,7 @@ class ConditionalUpdateStrategy(ClaimStrategy):
             engine.dialect,
             table,
             request,
-            lambda: due_select(table, request, table).limit(limit_param()),
+            lambda: due_select(table, request, *read_back(table)).limit(limit_param()),
         )
         take = self.claim_statement(
             "take",
@@ -129,7 +131,7 @@ class ConditionalUpdateStrategy(ClaimStrategy):
         # fails with "database is locked" instead of waiting when another
         # process wrote meanwhile.  So the driver's own transaction handling is
         # switched off and the write lock taken up front with BEGIN IMMEDIATE.
-        with self.kept_connection(engine, autocommit=True).transaction() as conn:
+        with self.kept_connection(engine, autocommit=True).lend() as conn:
             conn.exec_driver_sql("BEGIN IMMEDIATE")
             try:
                 yield conn

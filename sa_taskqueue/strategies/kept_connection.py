@@ -17,7 +17,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy.pool import SingletonThreadPool, StaticPool
@@ -56,22 +56,27 @@ class KeptConnection:
         self._keeps = not isinstance(engine.pool, SingletonThreadPool | StaticPool)
 
     @contextmanager
-    def transaction(self) -> Iterator[Connection]:
-        """The kept connection in a transaction, or a pooled one if another thread has it."""
+    def lend(self) -> Iterator[Connection]:
+        """The kept connection, or a pooled one if another thread has it; a transaction unless autocommit."""
         if not self._keeps or not self._lock.acquire(blocking=False):
-            with self._pooled() as conn, conn.begin():
+            with self._pooled() as conn, self._scope(conn):
                 yield conn
             return
         try:
             conn = self._current()
             try:
-                with conn.begin():
+                with self._scope(conn):
                     yield conn
             except BaseException:
                 self._close()
                 raise
         finally:
             self._lock.release()
+
+    def _scope(self, conn: Connection) -> AbstractContextManager[object]:
+        # In autocommit every statement commits on its own, and beginning and
+        # committing a transaction around it would only cost CPU.
+        return contextlib.nullcontext() if self.autocommit else conn.begin()
 
     def close(self) -> None:
         """Give the kept connection back to the pool (a later loan checks out a new one)."""

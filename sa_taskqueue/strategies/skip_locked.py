@@ -24,9 +24,11 @@ from sa_taskqueue.strategies.base import (
     ClaimRequest,
     ClaimStrategy,
     apply_claim,
+    claimed_row,
     claimed_values,
     due_select,
     limit_param,
+    read_back,
 )
 
 
@@ -63,7 +65,7 @@ class SkipLockedStrategy(ClaimStrategy):
             return self.one_statement_claim(table, request)
         if dialect.name == "oracle":
             return self.oracle_locking_select(table, request)
-        return locking_select(table, request, table).limit(limit_param())
+        return locking_select(table, request, *read_back(table)).limit(limit_param())
 
     def claim(self, engine: Engine, table: Table, request: ClaimRequest) -> list[dict[str, Any]]:
         dialect = engine.dialect
@@ -88,7 +90,7 @@ class SkipLockedStrategy(ClaimStrategy):
             update(table)
             .where(table.c.id == claimable.c.id)
             .values(**claimed_values(table, request))
-            .returning(*table.c)
+            .returning(*read_back(table))
         )
 
     def _claim_in_one_statement(
@@ -98,7 +100,7 @@ class SkipLockedStrategy(ClaimStrategy):
             "claim", engine.dialect, table, request, lambda: self.one_statement_claim(table, request)
         )
         with self.single_statement(engine) as conn:
-            return claim.rows(conn, request.params())
+            return [claimed_row(row, request) for row in claim.rows(conn, request.params())]
 
     # MySQL and MariaDB --------------------------------------------------------
 
@@ -113,7 +115,7 @@ class SkipLockedStrategy(ClaimStrategy):
             dialect,
             table,
             request,
-            lambda: locking_select(table, request, table).limit(limit_param()),
+            lambda: locking_select(table, request, *read_back(table)).limit(limit_param()),
         )
         params = request.params()
         with self.transaction(engine) as conn:
