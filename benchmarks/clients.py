@@ -163,7 +163,7 @@ class MariaDBClient:
 
 
 class SQLiteClient:
-    """sqlite3 in autocommit mode: BEGIN IMMEDIATE, one UPDATE ... RETURNING, COMMIT."""
+    """sqlite3 in autocommit mode: the claim is one UPDATE ... RETURNING (its own write transaction)."""
 
     def __init__(self, url: str, batch: int) -> None:
         path = sa.make_url(url).database
@@ -179,19 +179,13 @@ class SQLiteClient:
 
     def claim(self) -> list[tuple[int, dict[str, Any]]]:
         now = self._now()
-        self.conn.execute("BEGIN IMMEDIATE")
-        try:
-            rows = self.conn.execute(
-                f"UPDATE {TABLE} SET status = 'running', attempts = attempts + 1, started_at = ?, "
-                "locked_by = ?, locked_until = ? WHERE id IN ("
-                f"SELECT id FROM {TABLE} WHERE status = 'queued' AND run_at <= ? "
-                "ORDER BY priority, run_at, id LIMIT ?) RETURNING id, params",
-                (now, self.worker, now, now, self.batch),
-            ).fetchall()
-        except BaseException:
-            self.conn.execute("ROLLBACK")
-            raise
-        self.conn.execute("COMMIT")
+        rows = self.conn.execute(
+            f"UPDATE {TABLE} SET status = 'running', attempts = attempts + 1, started_at = ?, "
+            "locked_by = ?, locked_until = ? WHERE id IN ("
+            f"SELECT id FROM {TABLE} WHERE status = 'queued' AND run_at <= ? "
+            "ORDER BY priority, run_at, id LIMIT ?) RETURNING id, params",
+            (now, self.worker, now, now, self.batch),
+        ).fetchall()
         return [(row[0], json.loads(row[1])) for row in rows]
 
     def complete(self, task_id: int) -> None:

@@ -75,12 +75,15 @@ class ConditionalUpdateStrategy(ClaimStrategy):
         )
 
     def _claim_returning(self, engine: Engine, table: Table, request: ClaimRequest) -> list[dict[str, Any]]:
-        # Inside a write transaction begun IMMEDIATE no other process can write
-        # between this UPDATE's subquery and its update, so it is exact.
+        # One statement in autocommit mode: SQLite takes the write lock when
+        # a writing statement starts, before its subquery reads anything
+        # (waiting out the busy timeout if another process has it), so no
+        # other process can write between this UPDATE's subquery and its
+        # update, and the claim is exact without a BEGIN IMMEDIATE around it.
         claim = self.claim_statement(
             "claim", engine.dialect, table, request, lambda: self.sqlite_claim(table, request)
         )
-        with self.transaction(engine) as conn:
+        with self.single_statement(engine) as conn:
             return [claimed_row(row, request) for row in claim.rows(conn, request.params())]
 
     def _claim_row_by_row(self, engine: Engine, table: Table, request: ClaimRequest) -> list[dict[str, Any]]:
