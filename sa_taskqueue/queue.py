@@ -16,9 +16,10 @@ from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast, overload
 
-from sqlalchemy import Engine, Table, event, insert, update
+from sqlalchemy import Engine, Table, event, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from sa_taskqueue.bulk_insert import insert_rows
 from sa_taskqueue.claimed import ClaimedTask
 from sa_taskqueue.dialects import explain_prefix
 from sa_taskqueue.exceptions import StrategyError, translate_database_errors
@@ -230,26 +231,24 @@ class TaskQueue:
         new ids in order, or None where the database cannot return them from
         a multi-row INSERT (MySQL).
         """
+        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+            raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
         rows = [
             self._task_values(name, params, queue, priority, run_at, max_attempts) for params in params_list
         ]
         if not rows:
             return []
-        dialect = session.get_bind().dialect
-        returning = bool(getattr(dialect, "insert_executemany_returning_sort_by_parameter_order", False))
-        statement = insert(self.table)
+        conn = session.connection()
         ids: list[int] = []
+        returned = True
         for start in range(0, len(rows), chunk_size):
-            chunk = rows[start : start + chunk_size]
-            if returning:
-                result = session.execute(
-                    statement.returning(self.table.c.id, sort_by_parameter_order=True), chunk
-                )
-                ids.extend(result.scalars())
+            chunk_ids = insert_rows(conn, self.table, rows[start : start + chunk_size])
+            if chunk_ids is None:
+                returned = False
             else:
-                session.execute(statement, chunk)
+                ids.extend(chunk_ids)
         notify_enqueued(session, self.table, {row["queue"] for row in rows})
-        return ids if returning else None
+        return ids if returned else None
 
     def _task_values(
         self,

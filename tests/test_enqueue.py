@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 import sqlalchemy as sa
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 import sa_taskqueue as tq
 
@@ -129,10 +129,50 @@ def test_enqueue_many_inserts_in_the_callers_transaction_and_returns_ids(
         ).all()
     assert [row.params["key"] for row in rows] == list(range(2500))
     assert {row.priority for row in rows} == {2}
-    if engine.dialect.insert_executemany_returning_sort_by_parameter_order:
+    if engine.dialect.insert_executemany_returning:
         assert ids == [row.id for row in rows]
-    else:  # MySQL cannot return ids from a multi-row INSERT
+    else:  # MySQL cannot return ids from a multi-row INSERT (MariaDB 10.5+ can)
         assert ids is None
+
+
+class TenantBase(DeclarativeBase):
+    pass
+
+
+class TenantTask(tq.TaskMixin, TenantBase):
+    """An application's task table with a column of its own, filled by a client-side default."""
+
+    __tablename__ = "tenant_tasks"
+    tenant: Mapped[str] = mapped_column(sa.String(20), default="acme")
+
+
+def test_enqueue_many_fills_an_application_tables_own_defaults(engine: sa.Engine) -> None:
+    TenantBase.metadata.drop_all(engine)
+    TenantBase.metadata.create_all(engine)
+    try:
+        queue = tq.TaskQueue(engine, model=TenantTask)
+        queue.task(name="noop")(lambda: None)
+        with Session(engine) as session:
+            ids = queue.enqueue_many(session, "noop", [{"n": n} for n in range(1500)], chunk_size=700)
+            session.commit()
+        with Session(engine) as session:
+            rows = session.execute(sa.select(TenantTask.id, TenantTask.params, TenantTask.tenant)).all()
+        assert sorted(row.params["n"] for row in rows) == list(range(1500))
+        assert {row.tenant for row in rows} == {"acme"}
+        if ids is not None:
+            assert ids == [row.id for row in sorted(rows, key=lambda row: row.params["n"])]
+    finally:
+        TenantBase.metadata.drop_all(engine)
+
+
+@pytest.mark.parametrize("chunk_size", [0, -1, 1.5, True])
+def test_enqueue_many_refuses_a_chunk_size_that_is_not_a_positive_integer(
+    queue: tq.TaskQueue, engine: sa.Engine, session: Session, chunk_size: object
+) -> None:
+    with pytest.raises(ValueError, match="chunk_size"):
+        queue.enqueue_many(session, "record", [{"key": 1}], chunk_size=chunk_size)  # type: ignore[arg-type]
+    session.commit()
+    assert count_tasks(engine) == 0
 
 
 def test_enqueue_many_checks_every_row_before_writing_any(
