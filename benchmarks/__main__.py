@@ -26,6 +26,7 @@ from benchmarks.depth import claim_latencies, claim_plan
 from benchmarks.drain import drain
 from benchmarks.enqueue import enqueue_rate
 from benchmarks.latency import percentiles, pickup_latency
+from benchmarks.peers import IMPLEMENTATIONS, PEERS, missing_peers, worker_drain
 
 RESULTS = Path("benchmarks/results")
 
@@ -65,7 +66,8 @@ def main() -> None:
     parser.add_argument("--enqueue-tasks", type=int, default=5000)
     parser.add_argument("--latency-samples", type=int, default=40)
     parser.add_argument("--depths", default="0,100000,1000000", help="finished rows (SQLite stops at 100000)")
-    parser.add_argument("--sections", default="drain,enqueue,latency,depth")
+    parser.add_argument("--peer-tasks", type=int, default=1000, help="tasks per worker-against-worker run")
+    parser.add_argument("--sections", default="drain,enqueue,latency,peers,depth")
     parser.add_argument("--json", default=str(RESULTS / "latest.json"))
     args = parser.parse_args()
 
@@ -74,7 +76,14 @@ def main() -> None:
     backends = [backend(name) for name in args.backends.split(",")]
     workers = [int(w) for w in args.workers.split(",")]
     batches = [int(b) for b in args.batches.split(",")]
-    results: dict[str, Any] = {"machine": machine(), "drain": [], "enqueue": [], "latency": [], "depth": []}
+    results: dict[str, Any] = {
+        "machine": machine(),
+        "drain": [],
+        "enqueue": [],
+        "latency": [],
+        "peers": [],
+        "depth": [],
+    }
     RESULTS.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     console.print(f"machine: {results['machine']}")
@@ -154,6 +163,42 @@ def main() -> None:
                 results["latency"].append({"backend": target.name, "mode": label, **figure})
                 table.add_row(target.name, label, *(f"{figure[k]:.1f}" for k in ("p50", "p95", "p99")))
         console.print(table)
+
+    if "peers" in sections:
+        absent = missing_peers()
+        postgres = [target for target in backends if target.name == "postgres"]
+        if absent:
+            console.print(f"peers: left out, not installed: {', '.join(absent)} (install '.[bench-peers]')")
+        elif postgres:
+            table = Table(
+                title=f"worker drain on PostgreSQL, tasks/s, {args.peer_tasks} no-op tasks, "
+                f"median (min-max) of {args.repeats}"
+            )
+            for column in ("W", "B", *IMPLEMENTATIONS, "sa_taskqueue vs best peer", "exactly once"):
+                table.add_column(column, justify="right")
+            for w in workers:
+                for b in batches:
+                    rates: dict[str, list[float]] = {name: [] for name in IMPLEMENTATIONS}
+                    once = True
+                    for _ in range(args.repeats):
+                        for name in IMPLEMENTATIONS:
+                            run = worker_drain(name, postgres[0].url, args.peer_tasks, w, b)
+                            rates[name].append(run.rate)
+                            once = once and run.exactly_once
+                    figures = {name: spread(values) for name, values in rates.items()}
+                    best_peer = max(figures[name]["median"] for name in PEERS)
+                    lead = figures["sa_taskqueue"]["median"] / best_peer
+                    results["peers"].append(
+                        {"workers": w, "batch": b, **figures, "vs_best_peer": lead, "exactly_once": once}
+                    )
+                    table.add_row(
+                        str(w),
+                        str(b),
+                        *(fmt(figures[name]) for name in IMPLEMENTATIONS),
+                        f"{lead:.2f}x",
+                        "yes" if once else "NO",
+                    )
+            console.print(table)
 
     if "depth" in sections:
         table = Table(title="claim+complete latency, ms per batch of 10, W=4, 10,000 queued tasks")
