@@ -419,6 +419,31 @@ class TaskQueue:
         }
         return self._finish(claimed, values, now)
 
+    def complete_many(self, claimed: Sequence[ClaimedTask], results: Sequence[Any] | None = None) -> set[int]:
+        """Mark many tasks COMPLETED in one statement; return the ids of those still held (and so written).
+
+        ``results`` pairs with ``claimed`` (all None if omitted).  Every result
+        is checked before anything is written.  A worker finishing tasks faster
+        than one statement each can write them uses this.
+        """
+        tasks = list(claimed)
+        values = [None] * len(tasks) if results is None else list(results)
+        if len(values) != len(tasks):
+            raise ValueError(f"results has {len(values)} entries for {len(tasks)} tasks")
+        for task, result in zip(tasks, values, strict=True):
+            if not isinstance(task, ClaimedTask):
+                raise TypeError(f"expected the ClaimedTask returned by claim(), got {task!r}")
+            if result is not None:
+                try:
+                    json.dumps(result, allow_nan=False)
+                except (TypeError, ValueError) as error:
+                    raise TypeError(f"result of task {task.id} is not JSON-serialisable: {error}") from error
+        if not tasks:
+            return set()
+        now = utcnow()
+        with self._database_errors():
+            return self.strategy.complete_many(self.engine, self.table, tasks, values, now)
+
     def fail(self, claimed: ClaimedTask, error: BaseException | str) -> bool:
         """Record ``error``; retry later with backoff while attempts remain, else mark FAILED.
 

@@ -193,3 +193,39 @@ def test_release_gives_a_task_back_without_counting_the_attempt(
     assert (again.id, again.attempts, again.locked_by) == (claimed.id, 1, "w")
     assert queue.complete(claimed, "stale") is False, "the given-back claim is not the new one"
     assert queue.complete(again, "fresh") is True
+
+
+@pytest.mark.parametrize("lease", [timedelta(seconds=1)])
+def test_complete_many_writes_only_the_tasks_still_held_each_with_its_result(
+    queue: tq.TaskQueue, engine: sa.Engine, strategy_name: str, lease: timedelta
+) -> None:
+    lost_id, kept_id, other_id = enqueue(queue, engine, 3)
+    loser = make_queue(engine, strategy_name, lease)
+    [lost] = loser.claim(worker_id="first")
+    if strategy_name == "advisory_lock":
+        loser.close()  # the lock, not the lease, says who holds the task
+    else:
+        time.sleep(lease.total_seconds() + 0.1)
+    [second] = wait_for_claim(queue, 10, worker_id="second")
+    assert second.id == lost_id
+    kept, other = queue.claim(limit=2, worker_id="first")
+    loser.close()
+    written = queue.complete_many([lost, kept, other], [{"n": 1}, None, [1, "two"]])
+    assert written == {kept_id, other_id}
+    rows = {task_id: task_row(engine, task_id) for task_id in (lost_id, kept_id, other_id)}
+    assert (rows[lost_id].status, rows[lost_id].locked_by) == (tq.TaskStatus.RUNNING, "second")
+    assert (rows[kept_id].status, rows[kept_id].result) == (tq.TaskStatus.COMPLETED, None)
+    assert (rows[other_id].status, rows[other_id].result) == (tq.TaskStatus.COMPLETED, [1, "two"])
+    assert rows[kept_id].finished_at is not None and rows[kept_id].locked_until is None
+    assert queue.complete_many([kept]) == set(), "a finished task is not written twice"
+
+
+def test_complete_many_checks_every_result_before_writing_any(queue: tq.TaskQueue, engine: sa.Engine) -> None:
+    enqueue(queue, engine, 2)
+    first, second = queue.claim(limit=2)
+    with pytest.raises(TypeError, match=f"task {second.id}"):
+        queue.complete_many([first, second], [1, {"bad": object()}])
+    with pytest.raises(ValueError, match="2 tasks"):
+        queue.complete_many([first, second], [1])
+    assert {task_row(engine, task.id).status for task in (first, second)} == {tq.TaskStatus.RUNNING}
+    assert queue.complete_many([first, second]) == {first.id, second.id}

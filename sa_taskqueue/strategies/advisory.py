@@ -217,6 +217,22 @@ class AdvisoryLockStrategy(ClaimStrategy):
             self._release(holder, key)
         return written
 
+    def complete_many(
+        self,
+        engine: Engine,
+        table: Table,
+        tasks: Sequence[ClaimedTask],
+        results: Sequence[Any],
+        now: datetime,
+    ) -> set[int]:
+        # Each task's lock is released with its own completion.
+        values = {"status": TaskStatus.COMPLETED, "finished_at": now, "locked_until": None}
+        return {
+            task.id
+            for task, result in zip(tasks, results, strict=True)
+            if self.finish(engine, table, task, {**values, "result": result}, now)
+        }
+
     def _release(self, holder: _Holder, key: ClaimKey) -> None:
         """Unlock one finished task; give the connection back once it holds no more."""
         with holder.mutex:

@@ -30,6 +30,7 @@ from sqlalchemy import (
     bindparam,
     case,
     literal,
+    or_,
     select,
     update,
 )
@@ -157,6 +158,57 @@ class ClaimStrategy(ABC):
         if isinstance(statement, PreparedStatement):
             return statement.execute(conn, params).rowcount == 1
         return conn.execute(statement, params).rowcount == 1
+
+    def complete_many(
+        self,
+        engine: Engine,
+        table: Table,
+        tasks: Sequence[ClaimedTask],
+        results: Sequence[Any],
+        now: datetime,
+    ) -> set[int]:
+        """Mark each task still held COMPLETED with its result, in one statement; return the ids written.
+
+        The same guard as `finish`, row by row: a task whose claim no longer
+        holds it is left alone and its id not returned.
+        """
+        count = len(tasks)
+        with_results = any(result is not None for result in results)
+        dialect = engine.dialect
+        statement = self.prepared(
+            ("complete_many", count, with_results),
+            dialect,
+            table,
+            lambda: complete_many_statement(table, count, with_results, returning=dialect.update_returning),
+        )
+        params: dict[str, Any] = {HELD_NOW: now, "finished_now": now}
+        for index, (task, result) in enumerate(zip(tasks, results, strict=True)):
+            params.update(
+                {
+                    f"{HELD_ID}_{index}": task.id,
+                    f"{HELD_BY}_{index}": task.locked_by,
+                    f"{HELD_ATTEMPTS}_{index}": task.attempts,
+                    f"{HELD_STARTED_AT}_{index}": task.started_at,
+                }
+            )
+            if with_results:
+                params[f"result_{index}"] = result
+        with self.single_statement(engine) as conn:
+            result_rows = statement.execute(conn, params)
+            if dialect.update_returning:
+                return {row[0] for row in result_rows}
+            if result_rows.rowcount == count:
+                return {task.id for task in tasks}
+            # Without RETURNING, and some rows not ours any more: the rows
+            # this statement wrote are those completed at exactly ``now``.
+            written = conn.execute(
+                select(table.c.id).where(
+                    table.c.id.in_([task.id for task in tasks]),
+                    has_status(table, TaskStatus.COMPLETED),
+                    table.c.finished_at == now,
+                )
+            )
+            return set(written.scalars())
 
     def finish_statement(
         self, table: Table, task: ClaimedTask, values: Mapping[str, Any], now: datetime, dialect: Dialect
@@ -331,6 +383,53 @@ def same_claim(table: Table) -> ColumnElement[bool]:
         table.c.attempts == bindparam(HELD_ATTEMPTS, type_=table.c.attempts.type),
         table.c.started_at == bindparam(HELD_STARTED_AT, type_=table.c.started_at.type),
     )
+
+
+def complete_many_statement(table: Table, count: int, with_results: bool, *, returning: bool) -> Any:
+    """The UPDATE completing ``count`` held tasks at once, each under its own `same_claim` test.
+
+    Its parameters are `held_params` names suffixed ``_0`` .. ``_{count-1}``,
+    ``held_now``, ``finished_now`` and, ``with_results``, ``result_0`` ...
+    """
+
+    def param(name: str, index: int, column: str) -> BindParameter[Any]:
+        return bindparam(f"{name}_{index}", type_=table.c[column].type)
+
+    held = or_(
+        *(
+            and_(
+                table.c.id == param(HELD_ID, index, "id"),
+                table.c.locked_by == param(HELD_BY, index, "locked_by"),
+                table.c.attempts == param(HELD_ATTEMPTS, index, "attempts"),
+                table.c.started_at == param(HELD_STARTED_AT, index, "started_at"),
+            )
+            for index in range(count)
+        )
+    )
+    result: Any = None
+    if with_results:
+        result = case(
+            *(
+                (table.c.id == param(HELD_ID, index, "id"), param("result", index, "result"))
+                for index in range(count)
+            ),
+            else_=None,
+        )
+    statement = (
+        update(table)
+        .where(
+            has_status(table, TaskStatus.RUNNING),
+            table.c.locked_until > bindparam(HELD_NOW, type_=table.c.locked_until.type),
+            held,
+        )
+        .values(
+            status=TaskStatus.COMPLETED,
+            finished_at=bindparam("finished_now", type_=table.c.finished_at.type),
+            locked_until=None,
+            result=result,
+        )
+    )
+    return statement.returning(table.c.id) if returning else statement
 
 
 def held_params(task: ClaimedTask, now: datetime) -> dict[str, Any]:
