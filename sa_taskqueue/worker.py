@@ -11,6 +11,7 @@ interval after work to ``poll_interval`` when idle.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import random
@@ -20,8 +21,9 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from types import FrameType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from sqlalchemy import exc as sa_exc
 
@@ -43,6 +45,7 @@ MAX_ERROR_BACKOFF = 30.0
 #: The first poll after a claim came back short; doubled up to ``poll_interval``.
 MIN_POLL_INTERVAL = 0.05
 
+T = TypeVar("T")
 Isolation = Literal["thread", "process"]
 StartHook = Callable[[ClaimedTask], None]
 SuccessHook = Callable[[ClaimedTask, Any], None]
@@ -61,6 +64,24 @@ class _Running:
     # Shutdown (giving back) and the task's thread (starting a child) decide
     # under this lock, so a task is never given back and then started.
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+@dataclass
+class _Completion:
+    """A successful run waiting to be written, and whether it was (None: not written at all)."""
+
+    task: ClaimedTask
+    outcome: Outcome
+    recorded: bool | None = None
+    written: threading.Event = field(default_factory=threading.Event)
+
+
+def _storable(result: Any) -> bool:
+    try:
+        json.dumps(result, allow_nan=False)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 class Worker:
@@ -127,6 +148,8 @@ class Worker:
         self._wake = threading.Event()
         self._running: dict[Future[None], _Running] = {}
         self._lock = threading.Lock()
+        self._completions: list[_Completion] = []
+        self._completing = threading.Lock()  # held by the slot writing the completions waiting
         self._database_down = False
         # A driver error raised outside a statement (SQLAlchemy setting up a
         # connection it took from the pool) arrives unwrapped.
@@ -195,8 +218,13 @@ class Worker:
         idle_delay = MIN_POLL_INTERVAL
         error_backoff = 0.0
         while not self._stopping.is_set():
-            free = self.concurrency - len(self._running)
-            if free == 0:
+            with self._lock:
+                free = self.concurrency - len(self._running)
+                # Slots whose task is over free up as soon as their outcome
+                # is written, a round trip away: claim for them too, in one
+                # claim, rather than in a claim per slot.
+                recording = any(slot.finished for slot in self._running.values())
+            if free == 0 or recording:
                 self._wait(None)
                 continue
             self._wake.clear()
@@ -305,7 +333,7 @@ class Worker:
             with self._lock:
                 self.processed += 1
             logger.info("task %d %s attempt %d done in %.3fs", *_ids(task), task.attempts, duration)
-            self._record(task, outcome)
+            self._complete(task, outcome)
             self._hook(self.on_success, task, outcome.result)
         else:
             with self._lock:
@@ -326,20 +354,68 @@ class Worker:
         # the parent's sessions).  The task opens fresh ones if it needs any.
         self.queue.engine.dispose(close=False)
 
-    def _record(self, task: ClaimedTask, outcome: Outcome) -> None:
-        """Write the outcome, retrying through a database outage for as long as the lease lasts.
+    def _complete(self, task: ClaimedTask, outcome: Outcome) -> None:
+        """Record a success, in one statement with whatever other slots finished meanwhile.
 
-        Giving up early would run the task again after its lease: at least
-        once, but needlessly twice.
+        The slot waits until its task is written, so a freed slot still means
+        a recorded outcome.  Whichever slot finds no write under way writes
+        every completion waiting, again and again until none is left: while
+        one statement is on its way, the slots finishing behind it gather
+        into the next.
         """
-        backoff = 0.25
-        # Past one lease from now the write would be refused anyway.
-        give_up_at = time.monotonic() + self.queue.lease.total_seconds()
+        if outcome.result is not None and not _storable(outcome.result):
+            self._record(task, outcome)  # recorded as the failure it is
+            return
+        waiting = _Completion(task, outcome)
+        with self._lock:
+            self._completions.append(waiting)
+        self._write_completions()
+        waiting.written.wait()
+        if waiting.recorded is False:
+            logger.warning("task %d %s: outcome not recorded, the task was taken over", *_ids(task))
+
+    def _write_completions(self) -> None:
+        while self._completing.acquire(blocking=False):
+            try:
+                while True:
+                    with self._lock:
+                        batch, self._completions = self._completions, []
+                    if not batch:
+                        break
+                    self._write_batch(batch)
+            finally:
+                self._completing.release()
+            # A slot may have queued its completion after the last look and
+            # before the release, finding the write still under way.
+            with self._lock:
+                if not self._completions:
+                    return
+
+    def _write_batch(self, batch: list[_Completion]) -> None:
+        tasks = [item.task for item in batch]
+        try:
+            written = self._through_outage(
+                lambda: self.queue.complete_many(tasks, [item.outcome.result for item in batch]), tasks
+            )
+            for item in batch:
+                item.recorded = None if written is None else item.task.id in written
+        except sa_exc.DBAPIError:
+            # The database refused a result: each on its own, so only that one fails.
+            for item in batch:
+                self._record(item.task, item.outcome)
+        finally:
+            for item in batch:
+                item.written.set()
+
+    def _record(self, task: ClaimedTask, outcome: Outcome) -> None:
+        """Write the outcome of one task: completed, or failed (retried later, or for good)."""
         while True:
             try:
                 if outcome.error is None:
                     try:
-                        recorded = self.queue.complete(task, outcome.result)
+                        recorded = self._through_outage(
+                            partial(self.queue.complete, task, outcome.result), [task]
+                        )
                     except TypeError as error:
                         # A result that cannot be stored (not JSON): the run
                         # failed as far as anyone reading the row can tell.
@@ -347,15 +423,7 @@ class Worker:
                         continue
                 else:
                     error_value: BaseException | str = outcome.error_text or outcome.error
-                    recorded = self.queue.fail(task, error_value)
-            except self._transient as error:
-                self._database_trouble(error, backoff)
-                if time.monotonic() > give_up_at or self._stopped.is_set():
-                    logger.error("task %d %s: outcome not recorded; it will run again", *_ids(task))
-                    return
-                time.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
-                continue
+                    recorded = self._through_outage(partial(self.queue.fail, task, error_value), [task])
             except sa_exc.DBAPIError as error:
                 if outcome.error is None:
                     # The database refused the result itself (e.g. NaN in JSON).
@@ -364,10 +432,33 @@ class Worker:
                     continue
                 logger.exception("task %d %s: could not record the failure", *_ids(task))
                 return
-            self._database_back()
-            if not recorded:
+            if recorded is False:
                 logger.warning("task %d %s: outcome not recorded, the task was taken over", *_ids(task))
             return
+
+    def _through_outage(self, write: Callable[[], T], tasks: Sequence[ClaimedTask]) -> T | None:
+        """``write()``, retried through a database outage while a lease lasts; None if it never got through.
+
+        Giving up early would run the tasks again after their lease: at least
+        once, but needlessly twice.
+        """
+        backoff = 0.25
+        # Past one lease from now the write would be refused anyway.
+        give_up_at = time.monotonic() + self.queue.lease.total_seconds()
+        while True:
+            try:
+                value = write()
+            except self._transient as error:
+                self._database_trouble(error, backoff)
+                if time.monotonic() > give_up_at or self._stopped.is_set():
+                    for task in tasks:
+                        logger.error("task %d %s: outcome not recorded; it will run again", *_ids(task))
+                    return None
+                time.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+                continue
+            self._database_back()
+            return value
 
     def _hook(self, hook: Callable[..., None] | None, *args: Any) -> None:
         if hook is None:

@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 
 import sa_taskqueue as tq
 from tests.app import executions, make_queue
+from tests.helpers import task_row
 from tests.helpers import task_rows as rows
 
 
@@ -26,6 +27,46 @@ def test_a_burst_worker_runs_every_due_task_once_and_returns(queue: tq.TaskQueue
     assert {(t.status, t.result) for t in rows(engine)} == {
         (tq.TaskStatus.COMPLETED, t.params["key"]) for t in rows(engine)
     }
+
+
+def test_tasks_finishing_together_are_recorded_in_fewer_statements_each_before_its_slot_frees(
+    queue: tq.TaskQueue, engine: sa.Engine
+) -> None:
+    slots = 8
+    together = threading.Barrier(slots, timeout=30)
+
+    @queue.task(name="together")
+    def finish_together(n: int) -> int:
+        together.wait()
+        return n
+
+    with Session(engine) as session:
+        queue.enqueue_many(session, "together", [{"n": n} for n in range(slots)])
+        session.commit()
+    completions: list[str] = []
+
+    def seen(_conn: object, _cursor: object, statement: str, *_rest: object) -> None:
+        if statement.lstrip().upper().startswith("UPDATE") and "finished_at" in statement:
+            completions.append(statement)
+
+    recorded: list[tuple[int, tq.TaskStatus]] = []
+
+    def on_success(task: tq.ClaimedTask, _result: object) -> None:
+        # A slot is freed (and its hook called) only once its outcome is written.
+        recorded.append((task.id, task_row(engine, task.id).status))
+
+    sa.event.listen(engine, "before_cursor_execute", seen)
+    try:
+        worker = queue.run_worker(concurrency=slots, burst=True, poll_interval=0.05, on_success=on_success)
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", seen)
+    assert worker.processed == slots
+    assert {(t.params["n"], t.status, t.result) for t in rows(engine)} == {
+        (n, tq.TaskStatus.COMPLETED, n) for n in range(slots)
+    }
+    assert len(recorded) == slots and {status for _, status in recorded} == {tq.TaskStatus.COMPLETED}
+    if queue.strategy.name != "advisory_lock":  # each advisory task releases its own lock
+        assert len(completions) < slots / 2, completions
 
 
 def test_a_row_naming_unregistered_code_is_never_run(
