@@ -15,7 +15,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Column, Connection, Table, insert
+from sqlalchemy import Column, Connection, Integer, Table, insert
 from sqlalchemy.engine import Dialect
 
 
@@ -28,10 +28,11 @@ def insert_rows(conn: Connection, table: Table, rows: Sequence[Mapping[str, Any]
     if not rows:
         return []
     names = list(rows[0])
-    if conn.dialect.name == "postgresql" and _unnest_can_insert(table, names):
+    ascending = _ids_ascend(table, names)
+    if conn.dialect.name == "postgresql" and ascending and _unnest_can_insert(table, names):
         return _insert_unnested(conn, table, names, rows)
     statement = insert(table)
-    if conn.dialect.name == "sqlite":
+    if conn.dialect.name == "sqlite" and ascending:
         # Asking SQLAlchemy for the ids in parameter order makes it send one
         # row per statement on SQLite.  A multi-row INSERT gives each row the
         # next rowid in turn (no other writer can run inside our write
@@ -44,11 +45,17 @@ def insert_rows(conn: Connection, table: Table, rows: Sequence[Mapping[str, Any]
     return None
 
 
+def _ids_ascend(table: Table, names: list[str]) -> bool:
+    """The database numbers new rows in the order one statement inserts them (identity, rowid)."""
+    key = table.c.id
+    return "id" not in names and isinstance(key.type, Integer) and key.default is None
+
+
 def _unnest_can_insert(table: Table, names: list[str]) -> bool:
     # Client-side column defaults are SQLAlchemy's to apply; an application
     # table (TaskMixin) with such a column of its own takes the general path.
     provided = set(names)
-    return all(column.name in provided or column.default is None or column.primary_key for column in table.c)
+    return all(column.name in provided or column.default is None for column in table.c)
 
 
 def _insert_unnested(

@@ -60,6 +60,7 @@ class _Running:
     child: ChildProcess | None = None
     given_back: bool = False
     finished: bool = False  # the run is over; only its outcome is being written
+    completing: bool = False  # its success waits in, or is in, a batch being written
     started: float = field(default_factory=time.monotonic)
     # Shutdown (giving back) and the task's thread (starting a child) decide
     # under this lock, so a task is never given back and then started.
@@ -220,10 +221,11 @@ class Worker:
         while not self._stopping.is_set():
             with self._lock:
                 free = self.concurrency - len(self._running)
-                # Slots whose task is over free up as soon as their outcome
-                # is written, a round trip away: claim for them too, in one
-                # claim, rather than in a claim per slot.
-                recording = any(slot.finished for slot in self._running.values())
+                # Slots whose success is being written free up a round trip
+                # from now: claim for them too, in one claim, rather than in
+                # a claim per slot.  (Not slots in hooks or recording a
+                # failure: those may take long.)
+                recording = any(slot.completing for slot in self._running.values())
             if free == 0 or recording:
                 self._wait(None)
                 continue
@@ -333,7 +335,11 @@ class Worker:
             with self._lock:
                 self.processed += 1
             logger.info("task %d %s attempt %d done in %.3fs", *_ids(task), task.attempts, duration)
-            self._complete(task, outcome)
+            slot.completing = True
+            try:
+                self._complete(task, outcome)
+            finally:
+                slot.completing = False
             self._hook(self.on_success, task, outcome.result)
         else:
             with self._lock:
@@ -399,10 +405,15 @@ class Worker:
             )
             for item in batch:
                 item.recorded = None if written is None else item.task.id in written
-        except sa_exc.DBAPIError:
-            # The database refused a result: each on its own, so only that one fails.
+        except Exception:
+            # The database refused a result, or something else went wrong
+            # with the statement: each on its own, so only what fails fails.
+            logger.debug("writing %d completions together failed; one by one", len(batch), exc_info=True)
             for item in batch:
-                self._record(item.task, item.outcome)
+                try:
+                    self._record(item.task, item.outcome)
+                except Exception:
+                    logger.exception("task %d %s: could not record its outcome", *_ids(item.task))
         finally:
             for item in batch:
                 item.written.set()

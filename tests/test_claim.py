@@ -229,3 +229,14 @@ def test_complete_many_checks_every_result_before_writing_any(queue: tq.TaskQueu
         queue.complete_many([first, second], [1])
     assert {task_row(engine, task.id).status for task in (first, second)} == {tq.TaskStatus.RUNNING}
     assert queue.complete_many([first, second]) == {first.id, second.id}
+
+
+def test_complete_many_writes_more_tasks_than_one_statement_takes(
+    queue: tq.TaskQueue, engine: sa.Engine
+) -> None:
+    ids = enqueue(queue, engine, 250)
+    claimed = queue.claim(limit=250)
+    assert queue.complete_many(claimed, [task.id for task in claimed]) == set(ids)
+    assert {(row.status, row.result) for row in (task_row(engine, i) for i in ids[:3])} == {
+        (tq.TaskStatus.COMPLETED, i) for i in ids[:3]
+    }

@@ -134,7 +134,10 @@ def test_a_forked_child_and_its_parent_claim_side_by_side(engine: sa.Engine) -> 
     assert sorted(row.id for row in rows) == ids
     assert all(row.status == tq.TaskStatus.COMPLETED for row in rows)
     by_child = sum(row.result == {"by": "child"} for row in rows)
-    assert done + by_child == len(ids) and done > 1 and by_child > 0, (done, by_child)
+    assert done + by_child == len(ids) and by_child > 0, (done, by_child)
+    if engine.dialect.name != "sqlite":
+        # (SQLite's busy handler may let one process take every claim.)
+        assert done > 1, (done, by_child)
     queue.close()
 
 
@@ -167,3 +170,30 @@ def test_closing_the_queue_gives_its_connections_back(backend: Backend, engine: 
     queue.close()
     assert own.pool.checkedout() == 0  # type: ignore[attr-defined]
     own.dispose()
+
+
+def test_a_pool_of_one_connection_is_not_kept_from_the_application(
+    backend: Backend, engine: sa.Engine
+) -> None:
+    own = sa.create_engine(backend.url, pool_size=1, max_overflow=0, pool_timeout=2)
+    queue = make_queue(own, None, timedelta(minutes=5))
+    enqueue(queue, own, 1)
+    [claimed] = queue.claim()
+    with Session(own) as session:  # would wait pool_timeout and fail if the queue kept the one connection
+        assert session.execute(sa.text("SELECT 1")).scalar_one() == 1
+    assert queue.complete(claimed)
+    queue.close()
+    own.dispose()
+
+
+def test_oracle_statements_run_as_constructs_for_their_input_sizes() -> None:
+    # python-oracledb binds a bare datetime as a DATE (no microseconds) unless
+    # SQLAlchemy sets input sizes, which driver SQL skips: the guards would
+    # never match on Oracle.
+    from sqlalchemy.dialects import oracle, postgresql
+
+    from sa_taskqueue.strategies.prepared import PreparedStatement
+
+    update = sa.update(TABLE).where(TABLE.c.id == sa.bindparam("x")).values(locked_until=None)
+    assert PreparedStatement(update, oracle.dialect(), TABLE).direct is False
+    assert PreparedStatement(update, postgresql.dialect(), TABLE).direct is True

@@ -69,6 +69,76 @@ def test_tasks_finishing_together_are_recorded_in_fewer_statements_each_before_i
         assert len(completions) < slots / 2, completions
 
 
+def test_a_batch_write_that_fails_falls_back_to_one_write_per_task(
+    queue: tq.TaskQueue, engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    slots = 3
+    together = threading.Barrier(slots, timeout=30)
+
+    @queue.task(name="together")
+    def finish_together(n: int) -> int:
+        together.wait()
+        return n
+
+    with Session(engine) as session:
+        queue.enqueue_many(session, "together", [{"n": n} for n in range(slots)])
+        session.commit()
+    real_complete_many = queue.complete_many
+    calls: list[int] = []
+
+    def fails_once(claimed: list[tq.ClaimedTask], results: object = None) -> set[int]:
+        calls.append(len(claimed))
+        if len(calls) == 1:
+            raise RuntimeError("injected: the first batch write fails")
+        return real_complete_many(claimed, results)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(queue, "complete_many", fails_once)
+    done: list[tq.Worker] = []
+    runner = threading.Thread(
+        target=lambda: done.append(queue.run_worker(concurrency=slots, burst=True, poll_interval=0.05))
+    )
+    runner.start()
+    runner.join(timeout=60)
+    assert not runner.is_alive(), "slots waited for ever on completions a failed write left behind"
+    assert (done[0].processed, done[0].failed) == (slots, 0)
+    assert {(t.status, t.result) for t in rows(engine)} == {
+        (tq.TaskStatus.COMPLETED, n) for n in range(slots)
+    }
+
+
+def test_a_slow_success_hook_does_not_hold_up_claims_for_free_slots(
+    queue: tq.TaskQueue, engine: sa.Engine
+) -> None:
+    started: dict[int, float] = {}
+
+    def on_start(task: tq.ClaimedTask) -> None:
+        started[task.params["key"]] = time.monotonic()
+
+    def on_success(task: tq.ClaimedTask, _result: object) -> None:
+        if task.params["key"] == 0:
+            time.sleep(2)  # a slow metrics call, say
+
+    worker = tq.Worker(queue, concurrency=2, poll_interval=0.05, on_start=on_start, on_success=on_success)
+    runner = threading.Thread(target=worker.run)
+    runner.start()
+    try:
+        with Session(engine) as session:
+            queue.enqueue(session, "record", {"key": 0})
+            session.commit()
+        time.sleep(0.5)  # task 0 is done, its slot in the slow hook
+        with Session(engine) as session:
+            queue.enqueue(session, "record", {"key": 1})
+            session.commit()
+        enqueued = time.monotonic()
+        deadline = enqueued + 10
+        while 1 not in started and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        worker.stop()
+        runner.join(timeout=30)
+    assert 1 in started and started[1] - enqueued < 1.0, "the free slot waited for the other's hook"
+
+
 def test_a_row_naming_unregistered_code_is_never_run(
     queue: tq.TaskQueue, engine: sa.Engine, tmp_path: Path
 ) -> None:

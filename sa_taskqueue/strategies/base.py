@@ -170,8 +170,16 @@ class ClaimStrategy(ABC):
         """Mark each task still held COMPLETED with its result, in one statement; return the ids written.
 
         The same guard as `finish`, row by row: a task whose claim no longer
-        holds it is left alone and its id not returned.
+        holds it is left alone and its id not returned.  At most
+        `COMPLETE_MANY_CHUNK` tasks go in one statement (SQLite limits how deep
+        an expression may nest).
         """
+        if len(tasks) > COMPLETE_MANY_CHUNK:
+            done: set[int] = set()
+            for start in range(0, len(tasks), COMPLETE_MANY_CHUNK):
+                chunk = slice(start, start + COMPLETE_MANY_CHUNK)
+                done |= self.complete_many(engine, table, tasks[chunk], results[chunk], now)
+            return done
         count = len(tasks)
         with_results = any(result is not None for result in results)
         dialect = engine.dialect
@@ -358,6 +366,9 @@ class ClaimStrategy(ABC):
         for kept in list(self.__dict__.get("_kept", {}).values()):
             kept.close()
 
+
+#: The most tasks `ClaimStrategy.complete_many` writes in one statement.
+COMPLETE_MANY_CHUNK = 100
 
 #: Dialects whose single-statement claims and completions run in autocommit.
 AUTOCOMMIT_DIALECTS = ("postgresql", "sqlite")

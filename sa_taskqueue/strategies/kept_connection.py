@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 
 from sqlalchemy import Connection, Engine
-from sqlalchemy.pool import SingletonThreadPool, StaticPool
+from sqlalchemy.pool import QueuePool, SingletonThreadPool, StaticPool
 
 #: Seconds after which the kept connection goes back to the pool and a fresh
 #: one is checked out, so that the pool's recycle and pre-ping settings still
@@ -53,7 +53,7 @@ class KeptConnection:
         # These pools hand every borrower in a thread (or in the process) the
         # same DBAPI connection: keeping it in autocommit would change it
         # under the application's own sessions.
-        self._keeps = not isinstance(engine.pool, SingletonThreadPool | StaticPool)
+        self._keeps = not isinstance(engine.pool, SingletonThreadPool | StaticPool) and _can_spare_one(engine)
 
     @contextmanager
     def lend(self) -> Iterator[Connection]:
@@ -80,6 +80,11 @@ class KeptConnection:
 
     def close(self) -> None:
         """Give the kept connection back to the pool (a later loan checks out a new one)."""
+        if self._pid != os.getpid():
+            # A forked child: a parent's thread may have held the lock at the
+            # fork, and the connection is the parent's to close anyway.
+            self._close()
+            return
         with self._lock:
             self._close()
 
@@ -113,6 +118,16 @@ class KeptConnection:
     def _pooled(self) -> Iterator[Connection]:
         with self.engine.connect() as conn:
             yield conn.execution_options(isolation_level="AUTOCOMMIT") if self.autocommit else conn
+
+
+def _can_spare_one(engine: Engine) -> bool:
+    # A pool of one connection (pool_size=1, max_overflow=0) would be kept
+    # whole, and the application's sessions would wait for it.
+    pool = engine.pool
+    if not isinstance(pool, QueuePool):
+        return True
+    overflow = getattr(pool, "_max_overflow", 0)
+    return overflow < 0 or pool.size() + overflow >= 2
 
 
 __all__ = ["KeptConnection"]

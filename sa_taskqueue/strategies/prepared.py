@@ -22,6 +22,9 @@ from sqlalchemy.engine import Dialect
 
 Processor = Callable[[Any], Any]
 
+#: Dialects whose drivers take the compiled SQL and processed values as they are.
+DIRECT_DIALECTS = frozenset({"postgresql", "sqlite", "mysql", "mariadb"})
+
 
 class PreparedStatement:
     """One statement compiled for one dialect, with its parameters' and result columns' processors.
@@ -33,6 +36,12 @@ class PreparedStatement:
     """
 
     def __init__(self, statement: Any, dialect: Dialect, table: Table) -> None:
+        self.statement = statement
+        # Only where the driver binds every value right from the value alone.
+        # python-oracledb needs the input sizes SQLAlchemy sets (or it binds
+        # a datetime as a DATE, dropping the microseconds the guards compare)
+        # and out-parameters for RETURNING: there the construct runs as usual.
+        self.direct = dialect.name in DIRECT_DIALECTS
         compiled = statement.compile(dialect=dialect)
         expanding = [name for name, bind in compiled.binds.items() if bind.expanding]
         if expanding or getattr(compiled, "escaped_bind_names", None):
@@ -56,6 +65,8 @@ class PreparedStatement:
 
     def execute(self, conn: Connection, params: Mapping[str, Any]) -> CursorResult[Any]:
         """Run the statement with ``params`` (the required parameters, by name)."""
+        if not self.direct:
+            return conn.execute(self.statement, dict(params))
         values = dict(self._fixed)
         for name, processor in self._required:
             try:
@@ -72,6 +83,8 @@ class PreparedStatement:
 
         Every column it returns must be a column of the table.
         """
+        if not self.direct:
+            return [dict(row) for row in conn.execute(self.statement, dict(params)).mappings()]
         result = self.execute(conn, params)
         keys = list(result.keys())
         processors = [self._result_processor(key) for key in keys]
