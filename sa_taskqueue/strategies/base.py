@@ -169,8 +169,10 @@ class ClaimStrategy(ABC):
     ) -> set[int]:
         """Mark each task still held COMPLETED with its result, in one statement; return the ids written.
 
-        The same guard as `finish`, row by row: a task whose claim no longer
-        holds it is left alone and its id not returned.  At most
+        The guard of the lease strategies, row by row: a task whose claim no
+        longer holds it is left alone and its id not returned.  A strategy
+        that says otherwise who holds a task (its own `holds`) overrides this
+        too, as the advisory-lock one does.  At most
         `COMPLETE_MANY_CHUNK` tasks go in one statement (SQLite limits how deep
         an expression may nest).
         """

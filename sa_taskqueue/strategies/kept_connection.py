@@ -30,7 +30,7 @@ RENEW_AFTER = 30.0
 
 
 class KeptConnection:
-    """A connection kept for one engine, lent out in transactions, one borrower at a time.
+    """A connection kept for one engine and lent to one borrower at a time.
 
     ``autocommit`` keeps it in the driver's autocommit mode, for statements
     that are atomic on their own (and for SQLite's explicit ``BEGIN
@@ -50,9 +50,9 @@ class KeptConnection:
         self._checked_out_at = 0.0
         self._pid = os.getpid()
         self._inherited: list[Connection] = []
-        # These pools hand every borrower in a thread (or in the process) the
-        # same DBAPI connection: keeping it in autocommit would change it
-        # under the application's own sessions.
+        # StaticPool and SingletonThreadPool hand every borrower in a thread
+        # (or in the process) the same DBAPI connection: keeping it in
+        # autocommit would change it under the application's own sessions.
         self._keeps = not isinstance(engine.pool, SingletonThreadPool | StaticPool) and _can_spare_one(engine)
 
     @contextmanager
