@@ -226,8 +226,11 @@ class Worker:
                 # a claim per slot.  (Not slots in hooks or recording a
                 # failure: those may take long.)
                 recording = any(slot.completing for slot in self._running.values())
-            if free == 0 or recording:
+            if free == 0:
                 self._wait(None)
+                continue
+            if recording:
+                self._wait(self.poll_interval)
                 continue
             self._wake.clear()
             try:
@@ -340,6 +343,7 @@ class Worker:
                 self._complete(task, outcome)
             finally:
                 slot.completing = False
+                self._wake.set()  # the loop may be waiting for this write before it claims
             self._hook(self.on_success, task, outcome.result)
         else:
             with self._lock:

@@ -66,7 +66,7 @@ def test_tasks_finishing_together_are_recorded_in_fewer_statements_each_before_i
     }
     assert len(recorded) == slots and {status for _, status in recorded} == {tq.TaskStatus.COMPLETED}
     if queue.strategy.name != "advisory_lock":  # each advisory task releases its own lock
-        assert len(completions) < slots / 2, completions
+        assert len(completions) < slots, completions
 
 
 def test_a_batch_write_that_fails_falls_back_to_one_write_per_task(
