@@ -73,16 +73,17 @@ class Race:
     cycles_ms: list[float]
 
 
-def race(implementation: str, url: str, workers: int, batch: int) -> Race:
-    """Start ``workers`` processes, let them drain the table at one signal, and collect what they did."""
+def start_together(target: Any, args: tuple[Any, ...], workers: int) -> tuple[float, list[Any]]:
+    """Run ``target(*args, ready, go, results)`` in ``workers`` processes, released at one signal.
+
+    Each process releases ``ready`` once set up, waits for ``go``, and puts
+    one outcome on ``results``.  Returns when the signal went, and the outcomes.
+    """
     context = multiprocessing.get_context("spawn")
     ready = context.Semaphore(0)
     go = context.Event()
     results = context.Queue()
-    processes = [
-        context.Process(target=_drain_worker, args=(implementation, url, batch, ready, go, results))
-        for _ in range(workers)
-    ]
+    processes = [context.Process(target=target, args=(*args, ready, go, results)) for _ in range(workers)]
     for process in processes:
         process.start()
     for _ in processes:
@@ -92,6 +93,12 @@ def race(implementation: str, url: str, workers: int, batch: int) -> Race:
     outcomes = [results.get(timeout=600) for _ in processes]
     for process in processes:
         process.join()
+    return started, outcomes
+
+
+def race(implementation: str, url: str, workers: int, batch: int) -> Race:
+    """Start ``workers`` processes, let them drain the table at one signal, and collect what they did."""
+    started, outcomes = start_together(_drain_worker, (implementation, url, batch), workers)
     return Race(
         started=started,
         done=[task_id for ids, _, _ in outcomes for task_id in ids],

@@ -22,7 +22,6 @@ is left out.
 from __future__ import annotations
 
 import asyncio
-import multiprocessing
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -32,7 +31,7 @@ import sqlalchemy as sa
 
 from benchmarks.backends import fresh_table
 from benchmarks.clients import LEASE, noop
-from benchmarks.drain import DrainResult, seed
+from benchmarks.drain import DrainResult, seed, start_together
 
 PEERS = ("procrastinate", "pgqueuer")
 IMPLEMENTATIONS = ("sa_taskqueue", *PEERS)
@@ -205,23 +204,7 @@ def worker_drain(implementation: str, url: str, tasks: int, workers: int, batch:
 
 def _race(implementation: str, dsn: str, tasks: int, workers: int, batch: int) -> DrainResult:
     SEED[implementation](dsn, tasks)
-    context = multiprocessing.get_context("spawn")
-    ready = context.Semaphore(0)
-    go = context.Event()
-    results = context.Queue()
-    target = WORKER[implementation]
-    processes = [
-        context.Process(target=target, args=(dsn, batch, ready, go, results)) for _ in range(workers)
-    ]
-    for process in processes:
-        process.start()
-    for _ in processes:
-        ready.acquire()
-    started = time.perf_counter()
-    go.set()
-    outcomes = [results.get(timeout=600) for _ in processes]
-    for process in processes:
-        process.join()
+    started, outcomes = start_together(WORKER[implementation], (dsn, batch), workers)
     done = [n for ran, _ in outcomes for n in ran]
     finished = max(last for _, last in outcomes)
     return DrainResult(

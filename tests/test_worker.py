@@ -29,11 +29,9 @@ def test_a_burst_worker_runs_every_due_task_once_and_returns(queue: tq.TaskQueue
     }
 
 
-def test_tasks_finishing_together_are_recorded_in_fewer_statements_each_before_its_slot_frees(
-    queue: tq.TaskQueue, engine: sa.Engine
-) -> None:
-    slots = 8
-    together = threading.Barrier(slots, timeout=30)
+def enqueue_tasks_finishing_together(queue: tq.TaskQueue, engine: sa.Engine, count: int) -> None:
+    """``count`` "together" tasks, each returning its ``n`` once all ``count`` have started."""
+    together = threading.Barrier(count, timeout=30)
 
     @queue.task(name="together")
     def finish_together(n: int) -> int:
@@ -41,8 +39,15 @@ def test_tasks_finishing_together_are_recorded_in_fewer_statements_each_before_i
         return n
 
     with Session(engine) as session:
-        queue.enqueue_many(session, "together", [{"n": n} for n in range(slots)])
+        queue.enqueue_many(session, "together", [{"n": n} for n in range(count)])
         session.commit()
+
+
+def test_tasks_finishing_together_are_recorded_in_fewer_statements_each_before_its_slot_frees(
+    queue: tq.TaskQueue, engine: sa.Engine
+) -> None:
+    slots = 8
+    enqueue_tasks_finishing_together(queue, engine, slots)
     completions: list[str] = []
 
     def seen(_conn: object, _cursor: object, statement: str, *_rest: object) -> None:
@@ -73,16 +78,7 @@ def test_a_batch_write_that_fails_falls_back_to_one_write_per_task(
     queue: tq.TaskQueue, engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     slots = 3
-    together = threading.Barrier(slots, timeout=30)
-
-    @queue.task(name="together")
-    def finish_together(n: int) -> int:
-        together.wait()
-        return n
-
-    with Session(engine) as session:
-        queue.enqueue_many(session, "together", [{"n": n} for n in range(slots)])
-        session.commit()
+    enqueue_tasks_finishing_together(queue, engine, slots)
     real_complete_many = queue.complete_many
     calls: list[int] = []
 

@@ -389,12 +389,20 @@ def same_claim(table: Table) -> ColumnElement[bool]:
     Worker id and attempt alone repeat when a task is given back unrun and
     claimed again by the same worker; the claim's start time does not.
     """
+    return and_(claim_identity(table), has_status(table, TaskStatus.RUNNING))
+
+
+def claim_identity(table: Table, suffix: str = "") -> ColumnElement[bool]:
+    """Id, worker, attempt and start time as bound by `held_params` (names ending in ``suffix``)."""
+
+    def held(name: str, column: str) -> BindParameter[Any]:
+        return bindparam(f"{name}{suffix}", type_=table.c[column].type)
+
     return and_(
-        table.c.id == bindparam(HELD_ID, type_=table.c.id.type),
-        has_status(table, TaskStatus.RUNNING),
-        table.c.locked_by == bindparam(HELD_BY, type_=table.c.locked_by.type),
-        table.c.attempts == bindparam(HELD_ATTEMPTS, type_=table.c.attempts.type),
-        table.c.started_at == bindparam(HELD_STARTED_AT, type_=table.c.started_at.type),
+        table.c.id == held(HELD_ID, "id"),
+        table.c.locked_by == held(HELD_BY, "locked_by"),
+        table.c.attempts == held(HELD_ATTEMPTS, "attempts"),
+        table.c.started_at == held(HELD_STARTED_AT, "started_at"),
     )
 
 
@@ -408,17 +416,7 @@ def complete_many_statement(table: Table, count: int, with_results: bool, *, ret
     def param(name: str, index: int, column: str) -> BindParameter[Any]:
         return bindparam(f"{name}_{index}", type_=table.c[column].type)
 
-    held = or_(
-        *(
-            and_(
-                table.c.id == param(HELD_ID, index, "id"),
-                table.c.locked_by == param(HELD_BY, index, "locked_by"),
-                table.c.attempts == param(HELD_ATTEMPTS, index, "attempts"),
-                table.c.started_at == param(HELD_STARTED_AT, index, "started_at"),
-            )
-            for index in range(count)
-        )
-    )
+    held = or_(*(claim_identity(table, f"_{index}") for index in range(count)))
     result: Any = None
     if with_results:
         result = case(
