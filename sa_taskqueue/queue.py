@@ -9,7 +9,6 @@ import random
 import secrets
 import socket
 import threading
-import time
 import traceback
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
@@ -53,7 +52,9 @@ class TaskQueue:
     unless ``strategy`` names one (``"skip_locked"``, ``"conditional_update"``,
     ``"advisory_lock"``) or is a `ClaimStrategy` instance.  ``lease`` is how
     long a claim holds a task before another worker may take it again; a
-    running worker renews it.
+    running worker renews it.  ``clock`` returns the current time as an aware
+    datetime (UTC by default); every time the queue writes or compares is read
+    from it.
     """
 
     def __init__(
@@ -64,8 +65,14 @@ class TaskQueue:
         strategy: str | ClaimStrategy | None = None,
         lease: timedelta = DEFAULT_LEASE,
         max_retry_delay: timedelta = DEFAULT_MAX_RETRY_DELAY,
+        clock: Callable[[], datetime] = utcnow,
     ) -> None:
         self.engine = _engine_of(bind)
+        if not callable(clock):
+            raise TypeError(f"clock must be a callable returning an aware datetime, got {clock!r}")
+        #: What the queue reads the time from: run_at, leases, retries and recovery all
+        #: follow it.  Tests pass a clock they move; applications keep the default.
+        self.clock = clock
         self.model = model
         table = getattr(model, "__table__", None)
         if not isinstance(table, Table):
@@ -79,7 +86,7 @@ class TaskQueue:
         self._strategy: ClaimStrategy | None = None
         self._strategy_lock = threading.Lock()
         self._requested_strategy = strategy
-        self._next_recovery = 0.0
+        self._next_recovery: datetime | None = None
         self._worker_id: tuple[int, str] | None = None
         if strategy is not None:
             self._check_dialect(strategy)
@@ -278,7 +285,7 @@ class TaskQueue:
                 raise TypeError(f"run_at must be a datetime, got {type(run_at).__name__}")
             if run_at.tzinfo is None or run_at.utcoffset() is None:
                 raise ValueError(f"run_at must be timezone-aware, got naive {run_at!r}")
-        now = utcnow()
+        now = self.clock()
         return {
             "name": name,
             "params": params,
@@ -340,7 +347,7 @@ class TaskQueue:
                 return []
         strategy = self.strategy
         self._recover_if_due(strategy)
-        now = utcnow()
+        now = self.clock()
         request = self._request(limit, queue_names, worker_id or self.default_worker_id(), now)
         with self._database_errors():
             rows = strategy.claim(self.engine, self.table, request)
@@ -352,7 +359,7 @@ class TaskQueue:
         For checking that the claim walks its index, however many finished
         rows the table holds.
         """
-        now = utcnow()
+        now = self.clock()
         request = self._request(limit, tuple(queues) if queues is not None else None, "explain", now)
         statement = self.strategy.finding_statement(self.engine.dialect, self.table, request)
         prefix = explain_prefix(self.engine.dialect)
@@ -389,7 +396,7 @@ class TaskQueue:
         """Give back tasks whose worker is gone (lease expired, or advisory lock free); return how many."""
         strategy = self.strategy
         with self._database_errors():
-            recovered = strategy.recover(self.engine, self.table, utcnow())
+            recovered = strategy.recover(self.engine, self.table, self.clock())
         if recovered:
             logger.warning("recovered %d task(s) from workers that are gone", recovered)
         return recovered
@@ -397,10 +404,10 @@ class TaskQueue:
     def _recover_if_due(self, strategy: ClaimStrategy) -> None:
         # Recovery is a query of its own; running it on every claim would add a
         # round trip to the hot path, so it runs at most once per interval.
-        clock = time.monotonic()
-        if clock < self._next_recovery:
+        now = self.clock()
+        if self._next_recovery is not None and now < self._next_recovery:
             return
-        self._next_recovery = clock + strategy.recovery_interval(self.lease).total_seconds()
+        self._next_recovery = now + strategy.recovery_interval(self.lease)
         self.recover()
 
     def complete(self, claimed: ClaimedTask, result: Any = None) -> bool:
@@ -410,7 +417,7 @@ class TaskQueue:
                 json.dumps(result, allow_nan=False)
             except (TypeError, ValueError) as error:
                 raise TypeError(f"result is not JSON-serialisable: {error}") from error
-        now = utcnow()
+        now = self.clock()
         values = {
             "status": TaskStatus.COMPLETED,
             "finished_at": now,
@@ -440,7 +447,7 @@ class TaskQueue:
                     raise TypeError(f"result of task {task.id} is not JSON-serialisable: {error}") from error
         if not tasks:
             return set()
-        now = utcnow()
+        now = self.clock()
         with self._database_errors():
             return self.strategy.complete_many(self.engine, self.table, tasks, values, now)
 
@@ -450,7 +457,7 @@ class TaskQueue:
         False if ``claimed`` no longer holds the task (its outcome is then
         someone else's to write).
         """
-        now = utcnow()
+        now = self.clock()
         values: dict[str, Any] = {"last_error": format_error(error), "locked_until": None}
         if claimed.attempts < claimed.max_attempts:
             values.update(status=TaskStatus.QUEUED, run_at=now + self.retry_delay(claimed))
@@ -460,7 +467,7 @@ class TaskQueue:
 
     def release(self, claimed: ClaimedTask) -> bool:
         """Give a task back unrun (shutting down): QUEUED again, the attempt not counted."""
-        now = utcnow()
+        now = self.clock()
         values = {
             "status": TaskStatus.QUEUED,
             "attempts": self.table.c.attempts - 1,
@@ -472,7 +479,7 @@ class TaskQueue:
         """Renew the lease of each task still held; return the ids renewed (the worker's heartbeat)."""
         if not claimed:
             return set()
-        now = utcnow()
+        now = self.clock()
         with self._database_errors():
             return self.strategy.extend(self.engine, self.table, claimed, now + self.lease, now)
 
@@ -492,7 +499,7 @@ class TaskQueue:
 
     def cancel(self, task_id: int) -> bool:
         """Cancel a queued task so that it is never claimed; False if it is not queued."""
-        now = utcnow()
+        now = self.clock()
         table = self.table
         with self._database_errors(), self.strategy.transaction(self.engine) as conn:
             result = conn.execute(

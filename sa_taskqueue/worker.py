@@ -257,7 +257,9 @@ class Worker:
             idle_delay = MIN_POLL_INTERVAL if claimed else min(idle_delay * 2, self.poll_interval)
             # Jitter below the delay, so that idle workers spread out and no
             # wait exceeds poll_interval.
-            self._wait(idle_delay * random.uniform(0.8, 1.0))
+            delay = idle_delay * random.uniform(0.8, 1.0)
+            logger.debug("nothing more due: next poll in %.2fs", delay)
+            self._wait(delay)
 
     def _wait(self, timeout: float | None) -> None:
         """Sleep until a slot frees, a notification arrives, a stop is asked for, or ``timeout``."""
