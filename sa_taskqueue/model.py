@@ -16,13 +16,11 @@ from sqlalchemy import (
     MetaData,
     String,
     Table,
-    Text,
     literal_column,
 )
-from sqlalchemy.dialects import mysql
 from sqlalchemy.orm import DeclarativeBase, Mapped, declared_attr, mapped_column
 
-from sa_taskqueue.types import JSONDocument, UTCDateTime, utcnow
+from sa_taskqueue.types import JSONDocument, LongText, UTCDateTime, utcnow
 
 
 class TaskStatus(enum.StrEnum):
@@ -81,9 +79,7 @@ class TaskMixin:
     locked_by: Mapped[str | None] = mapped_column(String(WORKER_ID_LENGTH))
     locked_until: Mapped[datetime | None] = mapped_column(UTCDateTime)
     # A traceback can outgrow MySQL's 64 KiB TEXT.
-    last_error: Mapped[str | None] = mapped_column(
-        Text().with_variant(mysql.MEDIUMTEXT(), "mysql", "mariadb")
-    )
+    last_error: Mapped[str | None] = mapped_column(LongText)
     result: Mapped[Any | None] = mapped_column(JSONDocument)
 
     @declared_attr.directive

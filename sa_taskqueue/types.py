@@ -13,7 +13,7 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, DateTime
+from sqlalchemy import JSON, DateTime, Text
 from sqlalchemy.dialects import mysql, oracle, postgresql
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator, TypeEngine
@@ -70,6 +70,23 @@ class UTCDateTime(TypeDecorator[datetime]):
         return value.astimezone(UTC)
 
 
+class LongText(TypeDecorator[str]):
+    """Text of any length a traceback may have: MEDIUMTEXT (16 MiB) on MySQL and MariaDB, TEXT/CLOB elsewhere.
+
+    MySQL's TEXT stops at 64 KiB.  The choice is made per dialect when the
+    type is used, so the model, the migrations and ``create_all`` agree under
+    every URL form (``mysql://`` and ``mariadb://`` alike).
+    """
+
+    impl = Text()
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: Dialect) -> TypeEngine[Any]:
+        if is_mysql_family(dialect):
+            return dialect.type_descriptor(mysql.MEDIUMTEXT())
+        return dialect.type_descriptor(Text())
+
+
 class JSONDocument(TypeDecorator[Any]):
     """A JSON value: native JSONB on PostgreSQL and JSON on MySQL/SQLite, CLOB text on Oracle.
 
@@ -98,4 +115,4 @@ class JSONDocument(TypeDecorator[Any]):
         return value
 
 
-__all__ = ["JSONDocument", "UTCDateTime", "utcnow"]
+__all__ = ["JSONDocument", "LongText", "UTCDateTime", "utcnow"]
