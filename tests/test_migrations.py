@@ -10,6 +10,11 @@ Two independent checks, because neither is enough alone:
   DATETIME fractional-second precision, or PostgreSQL IDENTITY against
   BIGSERIAL, so a migration that lost ``WHERE status = 'queued'``, ``fsp=6``
   or ``Identity()`` would pass the first check alone.
+
+Both run under every URL form a backend can be reached by, each against
+``create_all`` under that same form: SQLAlchemy names the dialect after the
+URL (``mariadb://`` gives "mariadb", ``mysql://`` gives "mysql" even on a
+MariaDB server), and a type chosen by dialect name can differ between them.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +31,7 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from sqlalchemy.dialects import mysql
 
 import sa_taskqueue
 from sa_taskqueue import migrate
@@ -33,6 +39,32 @@ from tests.backends import Backend
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TASK_TABLE = "sa_taskqueue_task"
+
+#: The revision that creates the table; later ones change it.
+FIRST_REVISION = "b78c74731220"
+
+#: The drivernames a server is reached by, for backends named after their
+#: database ("postgres", "postgres18", ...).  A plain ``postgresql://`` means
+#: whichever driver SQLAlchemy defaults to (psycopg2 in 2.0, psycopg in 2.1);
+#: ``mariadb://`` only connects to a MariaDB server.  Any other backend is
+#: tested under its own URL only.
+URL_FORMS: dict[str, tuple[str, ...]] = {
+    "sqlite": ("sqlite",),
+    "postgres": ("postgresql", "postgresql+psycopg"),
+    "mysql": ("mysql+pymysql", "mariadb+pymysql"),
+    "mariadb": ("mysql+pymysql", "mariadb+pymysql"),
+    "oracle": ("oracle+oracledb",),
+}
+AS_CONFIGURED = "as-configured"
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "url_form" in metafunc.fixturenames:
+        name: str = metafunc.config.getoption("--backend")
+        forms = next(
+            (forms for database, forms in URL_FORMS.items() if name.startswith(database)), (AS_CONFIGURED,)
+        )
+        metafunc.parametrize("url_form", forms, indirect=True, ids=forms)
 
 
 def _drop_everything(engine: sa.Engine) -> None:
@@ -53,10 +85,35 @@ def clean_database(engine: sa.Engine) -> Iterator[None]:
         sa_taskqueue.metadata.create_all(engine)
 
 
-def _alembic(url: str, *args: str) -> None:
-    """Run the alembic command line from the repository root, as a developer would."""
+@pytest.fixture
+def url_form(request: pytest.FixtureRequest, backend: Backend, engine: sa.Engine) -> str:
+    """The backend's URL with the drivername under test (the database, user and host unchanged)."""
+    url = sa.make_url(backend.url)
+    drivername: str = url.drivername if request.param == AS_CONFIGURED else request.param
+    url = url.set(drivername=drivername)
+    try:
+        url.get_dialect().import_dbapi()
+    except ImportError as error:
+        pytest.skip(f"{drivername}:// needs the {error.name} driver, which is not installed")
+    if drivername.startswith("mariadb"):
+        with engine.connect():  # the dialect learns what the server is on first connect
+            pass
+        if not getattr(engine.dialect, "is_mariadb", False):
+            pytest.skip("mariadb:// refuses a MySQL server")
+    return url.render_as_string(hide_password=False)
+
+
+@pytest.fixture
+def form_engine(url_form: str) -> Iterator[sa.Engine]:
+    engine = sa.create_engine(url_form, poolclass=sa.pool.NullPool)
+    yield engine
+    engine.dispose()
+
+
+def _run_module(module: str, url: str, *args: str) -> None:
+    """Run ``python -m module`` from the repository root, as a developer would."""
     result = subprocess.run(
-        [sys.executable, "-m", "alembic", *args],
+        [sys.executable, "-m", module, *args],
         cwd=REPO_ROOT,
         env={**os.environ, "SA_TASKQUEUE_DATABASE_URL": url},
         capture_output=True,
@@ -64,7 +121,17 @@ def _alembic(url: str, *args: str) -> None:
         timeout=300,
         check=False,
     )
-    assert result.returncode == 0, f"alembic {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}"
+    assert result.returncode == 0, f"{module} {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}"
+
+
+def _alembic(url: str, *args: str) -> None:
+    """The alembic command line, pointed at `url` by the environment."""
+    _run_module("alembic", url, *args)
+
+
+def _sa_taskqueue(url: str, *args: str) -> None:
+    """The sa-taskqueue command line."""
+    _run_module("sa_taskqueue", url, *args)
 
 
 def _head_revision() -> str | None:
@@ -109,23 +176,19 @@ def _reflect(engine: sa.Engine) -> dict[str, Any]:
     }
 
 
-@pytest.mark.usefixtures("clean_database")
-def test_alembic_upgrade_head_matches_metadata_and_downgrade_removes_it(
-    backend: Backend, engine: sa.Engine
-) -> None:
-    had_application_version_table = sa.inspect(engine).has_table("alembic_version")
+def _assert_head_matches_model(engine: sa.Engine, downgrade: Callable[[], None]) -> None:
+    """The table migrated to head at `engine` is the model's, by both checks; `downgrade` removes it.
 
-    _alembic(backend.url, "upgrade", "head")
-    engine.dispose()
-
+    The comparison table is made by ``create_all`` through `engine` too, so
+    both sides see the dialect the same URL form gives.
+    """
+    engine.dispose()  # forget connections that saw the schema before the migration
     with engine.connect() as connection:
         assert _schema_diff(connection) == []
         assert _current_revision(connection) == _head_revision()
-    # Our history went to our own version table, not the application's.
-    assert sa.inspect(engine).has_table("alembic_version") == had_application_version_table
     migrated = _reflect(engine)
 
-    _alembic(backend.url, "downgrade", "base")
+    downgrade()
     engine.dispose()
     assert not sa.inspect(engine).has_table(TASK_TABLE)
 
@@ -135,15 +198,129 @@ def test_alembic_upgrade_head_matches_metadata_and_downgrade_removes_it(
 
 
 @pytest.mark.usefixtures("clean_database")
+def test_alembic_upgrade_head_matches_metadata_and_downgrade_removes_it(
+    backend: Backend, engine: sa.Engine
+) -> None:
+    had_application_version_table = sa.inspect(engine).has_table("alembic_version")
+
+    _alembic(backend.url, "upgrade", "head")
+    engine.dispose()
+    # Our history went to our own version table, not the application's.
+    assert sa.inspect(engine).has_table("alembic_version") == had_application_version_table
+
+    _assert_head_matches_model(engine, lambda: _alembic(backend.url, "downgrade", "base"))
+
+
+@pytest.mark.usefixtures("clean_database")
 def test_migrate_upgrade_creates_the_table(backend: Backend, engine: sa.Engine) -> None:
     migrate.upgrade(backend.url)
     engine.dispose()
-
     assert sa.inspect(engine).has_table(TASK_TABLE)
-    with engine.connect() as connection:
-        assert _schema_diff(connection) == []
+
+    _assert_head_matches_model(engine, lambda: migrate.downgrade(backend.url))
+
+
+@pytest.mark.usefixtures("clean_database")
+def test_cli_migrate_matches_the_model_under_every_url_form(url_form: str, form_engine: sa.Engine) -> None:
+    _sa_taskqueue(url_form, "migrate", "--url", url_form)
+
+    _assert_head_matches_model(form_engine, lambda: migrate.downgrade(url_form))
+
+
+def _column(engine: sa.Engine, name: str) -> Any:
+    return next(column for column in sa.inspect(engine).get_columns(TASK_TABLE) if column["name"] == name)
+
+
+#: The column type last_error must have, as reflected, by SQLAlchemy dialect
+#: name: the model and the migrations could agree on a wrong type, and the
+#: parity checks above would not see it.  Tables made by earlier releases have
+#: these types too.
+LAST_ERROR_TYPES = {
+    "sqlite": "TEXT",
+    "postgresql": "TEXT",
+    "mysql": "MEDIUMTEXT",
+    "mariadb": "MEDIUMTEXT",
+    "oracle": "CLOB",
+}
+
+
+@pytest.mark.usefixtures("clean_database")
+def test_last_error_has_the_databases_long_text_type_under_every_url_form(
+    url_form: str, form_engine: sa.Engine
+) -> None:
+    migrate.upgrade(url_form)
+    form_engine.dispose()
+    reflected = type(_column(form_engine, "last_error")["type"]).__name__
+    assert reflected == LAST_ERROR_TYPES[form_engine.dialect.name]
+
+
+@pytest.mark.usefixtures("clean_database")
+def test_upgrading_a_table_made_by_the_first_revision_changes_nothing(
+    url_form: str, form_engine: sa.Engine
+) -> None:
+    """A new install already has every later revision's schema; they must not alter it again."""
+    migrate.upgrade(url_form, FIRST_REVISION)
+    form_engine.dispose()
+    first = _reflect(form_engine)
+
+    migrate.upgrade(url_form)
+    form_engine.dispose()
+
+    assert _reflect(form_engine) == first
+    with form_engine.connect() as connection:
         assert _current_revision(connection) == _head_revision()
 
-    migrate.downgrade(backend.url)
-    engine.dispose()
-    assert not sa.inspect(engine).has_table(TASK_TABLE)
+
+@pytest.mark.backends("mysql", "mariadb")
+@pytest.mark.usefixtures("clean_database")
+@pytest.mark.parametrize(
+    ("installed_type", "upgraded_type"),
+    [
+        # What the first revision used to create under a mariadb:// URL.
+        ("TEXT", mysql.MEDIUMTEXT),
+        # Wider than the model asks for: never narrowed.
+        ("LONGTEXT", mysql.LONGTEXT),
+    ],
+)
+def test_upgrade_widens_last_error_to_mediumtext_and_keeps_the_tasks(
+    url_form: str, form_engine: sa.Engine, installed_type: str, upgraded_type: type[Any]
+) -> None:
+    migrate.upgrade(url_form, FIRST_REVISION)
+    task = sa_taskqueue.metadata.tables[TASK_TABLE]
+    with form_engine.begin() as connection:
+        connection.execute(sa.text(f"ALTER TABLE {TASK_TABLE} MODIFY last_error {installed_type} NULL"))
+    assert type(_column(form_engine, "last_error")["type"]).__name__ == installed_type
+    with form_engine.begin() as connection:
+        connection.execute(
+            task.insert(),
+            [
+                {"name": "short", "last_error": "ValueError: kaput"},
+                {"name": "none", "last_error": None},
+                {"name": "near the TEXT limit", "last_error": "x" * 60_000},
+            ],
+        )
+        before = connection.execute(sa.select(task).order_by(task.c.id)).all()
+
+    migrate.upgrade(url_form)
+    form_engine.dispose()
+
+    last_error = _column(form_engine, "last_error")
+    assert type(last_error["type"]) is upgraded_type
+    assert last_error["nullable"] is True
+    with form_engine.begin() as connection:
+        assert connection.execute(sa.select(task).order_by(task.c.id)).all() == before
+        # More than TEXT's 64 KiB now fits, whole.
+        longer = "y" * 100_000
+        connection.execute(task.update().where(task.c.id == before[0].id).values(last_error=longer))
+        assert connection.scalar(sa.select(task.c.last_error).where(task.c.id == before[0].id)) == longer
+        assert _current_revision(connection) == _head_revision()
+        if upgraded_type is mysql.MEDIUMTEXT:
+            assert _schema_diff(connection) == []
+
+    # Downgrading leaves the column as wide as it is, then base drops the table.
+    migrate.downgrade(url_form, FIRST_REVISION)
+    form_engine.dispose()
+    assert type(_column(form_engine, "last_error")["type"]) is upgraded_type
+    migrate.downgrade(url_form)
+    form_engine.dispose()
+    assert not sa.inspect(form_engine).has_table(TASK_TABLE)

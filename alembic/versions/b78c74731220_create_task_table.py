@@ -8,9 +8,11 @@ Written by hand to match ``sa_taskqueue.metadata`` on every dialect
 (PostgreSQL, MySQL/MariaDB, SQLite, Oracle).  The column types come from
 ``sa_taskqueue.types``, so each dialect gets the same physical type the model
 creates (JSONB / JSON / CLOB, TIMESTAMPTZ / DATETIME(6) / TIMESTAMP WITH TIME
-ZONE).  Everything else is spelled out here rather than imported from the
-model: a revision records the schema as it was when it was written, and must
-not change when the model does.
+ZONE, MEDIUMTEXT / TEXT), under every URL form: MySQL and MariaDB get
+MEDIUMTEXT whether SQLAlchemy names the dialect "mysql" or "mariadb".
+Everything else is spelled out here rather than imported from the model: a
+revision records the schema as it was when it was written, and must not
+change when the model does.
 
 No column has a server default: the defaults live in the model (Python side),
 exactly as ``metadata.create_all`` would create the table.
@@ -22,9 +24,8 @@ from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
-from sqlalchemy.dialects import mysql
 
-from sa_taskqueue.types import JSONDocument, UTCDateTime
+from sa_taskqueue.types import JSONDocument, LongText, UTCDateTime
 
 # revision identifiers, used by Alembic.
 revision: str = "b78c74731220"
@@ -73,8 +74,9 @@ def upgrade() -> None:
         sa.Column("finished_at", UTCDateTime(), nullable=True),
         sa.Column("locked_by", sa.String(255), nullable=True),
         sa.Column("locked_until", UTCDateTime(), nullable=True),
-        # A traceback can outgrow MySQL's 64 KiB TEXT.
-        sa.Column("last_error", sa.Text().with_variant(mysql.MEDIUMTEXT(), "mysql"), nullable=True),
+        # A traceback can outgrow MySQL's 64 KiB TEXT: MEDIUMTEXT there,
+        # whether SQLAlchemy calls the dialect "mysql" or "mariadb".
+        sa.Column("last_error", LongText(), nullable=True),
         sa.Column("result", JSONDocument(), nullable=True),
     )
     # The claim walks this index in claim order.  PostgreSQL and SQLite keep
