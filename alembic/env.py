@@ -24,6 +24,7 @@ import sqlalchemy as sa
 from alembic import context, util
 
 from sa_taskqueue import metadata
+from sa_taskqueue.backends import backend_for
 from sa_taskqueue.migrate import VERSION_TABLE, include_object, render_item
 
 URL_VARIABLE = "SA_TASKQUEUE_DATABASE_URL"
@@ -46,16 +47,16 @@ def database_url() -> str:
     return url
 
 
-def configure_options(dialect_name: str) -> dict[str, Any]:
+def configure_options(dialect: sa.engine.Dialect) -> dict[str, Any]:
     """Options shared by online and offline runs."""
     return {
         "target_metadata": metadata,
         "version_table": VERSION_TABLE,
         "include_object": include_object,
         "render_item": render_item,
-        # SQLite cannot ALTER most things; autogenerate must emit batch
-        # (copy-and-move) operations there.  Other dialects ALTER in place.
-        "render_as_batch": dialect_name == "sqlite",
+        # Where ALTER TABLE cannot change most things (SQLite), autogenerate
+        # must emit batch (copy-and-move) operations; elsewhere it ALTERs in place.
+        "render_as_batch": backend_for(dialect).batch_migrations,
     }
 
 
@@ -66,7 +67,7 @@ def run_migrations_offline() -> None:
         url=url,
         literal_binds=True,
         dialect_opts={"paramstyle": "named"},
-        **configure_options(sa.engine.make_url(url).get_backend_name()),
+        **configure_options(sa.engine.make_url(url).get_dialect()()),
     )
     with context.begin_transaction():
         context.run_migrations()
@@ -88,7 +89,7 @@ def run_migrations_online() -> None:
 
 
 def _run_on(connection: sa.Connection) -> None:
-    context.configure(connection=connection, **configure_options(connection.dialect.name))
+    context.configure(connection=connection, **configure_options(connection.dialect))
     with context.begin_transaction():
         context.run_migrations()
 

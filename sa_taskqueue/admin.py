@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Engine, Table, delete, func, select, update
+from sqlalchemy import Connection, Engine, Table, delete, func, select, update
 from sqlalchemy.orm import Session
 
+from sa_taskqueue import validation
 from sa_taskqueue.exceptions import translate_database_errors
 from sa_taskqueue.model import Task, TaskMixin, TaskStatus, has_status
 from sa_taskqueue.notify import notify_enqueued
@@ -51,19 +52,18 @@ class Admin:
         delay: timedelta | None = None,
     ) -> int:
         """Insert one task by name (no registration is checked here: workers check it)."""
-        from sa_taskqueue.queue import check_task_arguments
-
-        check_task_arguments(params, queue, priority, max_attempts)
         now = utcnow()
+        values = validation.task_values(
+            name,
+            params,
+            queue=queue,
+            priority=priority,
+            max_attempts=max_attempts,
+            run_at=now + delay if delay else None,
+            now=now,
+        )
         with translate_database_errors(self.engine, self.table), Session(self.engine) as session:
-            task = self.model(
-                name=name,
-                params=params,
-                queue=queue,
-                priority=priority,
-                max_attempts=max_attempts,
-                run_at=now + delay if delay else now,
-            )  # type: ignore[call-arg]
+            task = self.model(**values)
             session.add(task)
             session.flush()
             notify_enqueued(session, self.table, [queue])
@@ -122,14 +122,9 @@ class Admin:
         return result.rowcount
 
     def cancel(self, task_id: int) -> bool:
-        t = self.table
+        """Cancel a queued task so that it never runs; False if it is not queued."""
         with translate_database_errors(self.engine, self.table), self.engine.begin() as conn:
-            result = conn.execute(
-                update(t)
-                .where(t.c.id == task_id, t.c.status == TaskStatus.QUEUED)
-                .values(status=TaskStatus.CANCELLED, finished_at=utcnow())
-            )
-        return result.rowcount == 1
+            return cancel_queued(conn, self.table, task_id, utcnow())
 
     def purge(self, statuses: list[str], older_than: timedelta, batch_size: int = 1000) -> int:
         """Delete finished tasks older than ``older_than``, ``batch_size`` rows per transaction."""
@@ -151,3 +146,13 @@ class Admin:
                     if not ids:
                         return deleted
                     deleted += conn.execute(delete(t).where(t.c.id.in_(ids))).rowcount
+
+
+def cancel_queued(conn: Connection, table: Table, task_id: int, now: datetime) -> bool:
+    """Cancel task ``task_id`` on ``conn`` if it is still queued; True if it was."""
+    result = conn.execute(
+        update(table)
+        .where(table.c.id == task_id, has_status(table, TaskStatus.QUEUED))
+        .values(status=TaskStatus.CANCELLED, finished_at=now)
+    )
+    return result.rowcount == 1

@@ -18,6 +18,8 @@ from typing import Any
 from sqlalchemy import Column, Connection, Integer, Table, insert
 from sqlalchemy.engine import Dialect
 
+from sa_taskqueue.backends import backend_for
+
 
 def insert_rows(conn: Connection, table: Table, rows: Sequence[Mapping[str, Any]]) -> list[int] | None:
     """INSERT ``rows`` (all with the same keys) into ``table``; their new ids in order, or None.
@@ -29,14 +31,11 @@ def insert_rows(conn: Connection, table: Table, rows: Sequence[Mapping[str, Any]
         return []
     names = list(rows[0])
     ascending = _ids_ascend(table, names)
-    if conn.dialect.name == "postgresql" and ascending and _unnest_can_insert(table, names):
+    backend = backend_for(conn.dialect)
+    if backend.insert_from_arrays and ascending and _unnest_can_insert(table, names):
         return _insert_unnested(conn, table, names, rows)
     statement = insert(table)
-    if conn.dialect.name == "sqlite" and ascending:
-        # Asking SQLAlchemy for the ids in parameter order makes it send one
-        # row per statement on SQLite.  A multi-row INSERT gives each row the
-        # next rowid in turn (no other writer can run inside our write
-        # transaction), so the ids sorted are the rows in order.
+    if backend.multi_row_insert_ids_in_order and ascending:
         return sorted(conn.execute(statement.returning(table.c.id), rows).scalars())
     if getattr(conn.dialect, "insert_executemany_returning_sort_by_parameter_order", False):
         result = conn.execute(statement.returning(table.c.id, sort_by_parameter_order=True), rows)

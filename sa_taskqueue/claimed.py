@@ -7,6 +7,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+#: What tells one claim of a task from every other: id, worker, attempt and
+#: start time.  Worker and attempt alone repeat when a task is given back
+#: unrun and claimed again by the same worker; the start time does not.
+ClaimKey = tuple[int, str, int, datetime]
+
 
 @dataclass(frozen=True)
 class ClaimedTask:
@@ -50,6 +55,11 @@ class ClaimedTask:
             locked_by=row["locked_by"],
             locked_until=row["locked_until"],
         )
+
+    @property
+    def claim_key(self) -> ClaimKey:
+        """This claim's identity: what ``complete`` and ``fail`` test the row against."""
+        return (self.id, self.locked_by, self.attempts, self.started_at)
 
     @property
     def sort_key(self) -> tuple[int, datetime, int]:

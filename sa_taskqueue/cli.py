@@ -27,7 +27,7 @@ from rich.table import Table as RichTable
 
 from sa_taskqueue.admin import Admin
 from sa_taskqueue.demo import DEFAULT_URL, run_demo
-from sa_taskqueue.exceptions import SchemaMissing, TaskQueueError
+from sa_taskqueue.exceptions import DatabaseError, DatabaseUnavailable, SchemaMissing, TaskQueueError
 from sa_taskqueue.queue import TaskQueue
 
 URL_ENV = "SA_TASKQUEUE_DATABASE_URL"
@@ -66,6 +66,10 @@ def for_people(ctx: click.Context, url: str | None = None) -> Iterator[None]:
         raise
     except SchemaMissing as error:
         raise Failure(f"{error}") from error
+    except DatabaseUnavailable as error:
+        raise Failure(f"cannot use the database{where}: {_driver_detail(error)}") from error
+    except DatabaseError as error:
+        raise Failure(f"the database refused a statement{where}: {_driver_detail(error)}") from error
     except TaskQueueError as error:
         raise Failure(str(error)) from error
     except sa.exc.ArgumentError as error:
@@ -87,6 +91,12 @@ def for_people(ctx: click.Context, url: str | None = None) -> Iterator[None]:
         raise Failure(f"migration failed: {_first_line(error)}") from error
     except ValueError as error:  # e.g. a URL whose port is not a number
         raise Failure(f"{_first_line(error)}{where}") from error
+
+
+def _driver_detail(error: BaseException) -> str:
+    """The first line of what the driver said, under our translated error."""
+    cause = error.__cause__
+    return _first_line(getattr(cause, "orig", None) or cause or error)
 
 
 def _first_line(error: BaseException | None) -> str:

@@ -1,4 +1,8 @@
-"""The library's exceptions: one base class, a few subclasses that say what went wrong."""
+"""The library's exceptions: one base class, a few subclasses that say what went wrong.
+
+Errors from SQLAlchemy and the database driver are translated here, at the
+queue's boundary, into these; the original stays attached as ``__cause__``.
+"""
 
 from __future__ import annotations
 
@@ -25,30 +29,73 @@ class TaskNotRegistered(TaskQueueError, LookupError):
         self.name = name
 
 
-class SchemaMissing(TaskQueueError):
+class DatabaseError(TaskQueueError):
+    """The database refused a statement (bad data, a constraint, a permission).
+
+    The driver error is the cause.
+    """
+
+
+class SchemaMissing(DatabaseError):
     """The task table is not there: the migrations have not been run on this database."""
 
 
-class DatabaseUnavailable(TaskQueueError):
-    """The database could not be reached or refused the connection; the driver error is the cause."""
+class DatabaseUnavailable(DatabaseError):
+    """The database could not be reached, dropped the connection, or is too busy now; worth retrying.
+
+    The driver error is the cause.
+    """
 
 
 @contextmanager
 def translate_database_errors(engine: Engine, table: Table) -> Iterator[None]:
-    """Raise ours for driver errors that mean "no database" or "no table"; the original is the cause."""
+    """Raise ours for SQLAlchemy's and the driver's errors; the original is the cause.
+
+    A driver error can arrive unwrapped when it is raised outside a statement
+    (SQLAlchemy setting up a connection it took from the pool), so the
+    driver's own exception classes are caught too.
+    """
+    dbapi = getattr(engine.dialect, "dbapi", None)
+    driver_error: type[BaseException] = getattr(dbapi, "Error", sa_exc.DBAPIError)
     try:
         yield
-    except sa_exc.DBAPIError as error:
-        if error.connection_invalidated or isinstance(error, sa_exc.InterfaceError):
-            raise DatabaseUnavailable(f"lost the database connection: {error.orig}") from error
-        if isinstance(error, sa_exc.OperationalError | sa_exc.ProgrammingError) and not _has_table(
-            engine, table
-        ):
-            raise SchemaMissing(
-                f"the task table {table.name!r} does not exist: "
-                "run `sa-taskqueue migrate` (or `alembic upgrade head`)"
-            ) from error
+    except TaskQueueError:
         raise
+    except sa_exc.DBAPIError as error:
+        raise _translated(error, error.orig, engine, table) from error
+    except sa_exc.TimeoutError as error:
+        raise DatabaseUnavailable(f"no database connection could be had from the pool: {error}") from error
+    except driver_error as error:
+        raise _translated(error, error, engine, table) from error
+
+
+def _translated(
+    error: BaseException, orig: BaseException | None, engine: Engine, table: Table
+) -> TaskQueueError:
+    detail = _first_line(orig if orig is not None else error)
+    invalidated = isinstance(error, sa_exc.DBAPIError) and error.connection_invalidated
+    if invalidated or _is(error, orig, "InterfaceError"):
+        return DatabaseUnavailable(f"lost the database connection: {detail}")
+    missing_table = _is(error, orig, "OperationalError", "ProgrammingError") and not _has_table(engine, table)
+    if missing_table:
+        return SchemaMissing(
+            f"the task table {table.name!r} does not exist: "
+            "run `sa-taskqueue migrate` (or `alembic upgrade head`)"
+        )
+    if _is(error, orig, "OperationalError"):
+        return DatabaseUnavailable(f"the database is unavailable: {detail}")
+    return DatabaseError(f"the database refused a statement: {detail}")
+
+
+def _is(error: BaseException, orig: BaseException | None, *kinds: str) -> bool:
+    """``error`` (SQLAlchemy's wrapper) or ``orig`` (the driver's) is of a DB-API error kind named."""
+    names = {cls.__name__ for value in (error, orig) if value is not None for cls in type(value).__mro__}
+    return any(kind in names for kind in kinds)
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
 
 
 def _has_table(engine: Engine, table: Table) -> bool:
@@ -59,6 +106,7 @@ def _has_table(engine: Engine, table: Table) -> bool:
 
 
 __all__ = [
+    "DatabaseError",
     "DatabaseUnavailable",
     "SchemaMissing",
     "StrategyError",

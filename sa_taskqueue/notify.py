@@ -17,12 +17,9 @@ from typing import Any
 from sqlalchemy import Engine, Table, func, select
 from sqlalchemy.orm import Session
 
+from sa_taskqueue.backends import backend_for
+
 logger = logging.getLogger("sa_taskqueue")
-
-
-def supports_notify(engine: Engine) -> bool:
-    """LISTEN needs psycopg 3 (``postgresql+psycopg://``), whose ``notifies()`` takes a timeout."""
-    return engine.dialect.name == "postgresql" and engine.dialect.driver == "psycopg"
 
 
 def channel_name(table: Table) -> str:
@@ -32,8 +29,7 @@ def channel_name(table: Table) -> str:
 
 def notify_enqueued(session: Session, table: Table, queues: Iterable[str]) -> None:
     """Within the caller's transaction: wake listening workers of these queues at commit."""
-    bind = session.get_bind()
-    if bind.dialect.name != "postgresql":
+    if not backend_for(session.get_bind().dialect).notify:
         return
     channel = channel_name(table)
     # One notification per queue and transaction is all a commit delivers

@@ -2,31 +2,33 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import random
 import secrets
 import socket
 import threading
-import traceback
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast, overload
 
-from sqlalchemy import Engine, Table, event, update
+from sqlalchemy import Engine, Table
 from sqlalchemy.orm import Session, sessionmaker
 
+from sa_taskqueue import validation
+from sa_taskqueue.admin import cancel_queued
+from sa_taskqueue.backends import backend_for
 from sa_taskqueue.bulk_insert import insert_rows
 from sa_taskqueue.claimed import ClaimedTask
-from sa_taskqueue.dialects import explain_prefix
-from sa_taskqueue.exceptions import StrategyError, translate_database_errors
+from sa_taskqueue.error_text import format_error
+from sa_taskqueue.exceptions import translate_database_errors
+from sa_taskqueue.explain import explain
 from sa_taskqueue.model import Task, TaskMixin, TaskStatus
 from sa_taskqueue.notify import notify_enqueued
-from sa_taskqueue.registered import RegisteredTask, TaskOptions
+from sa_taskqueue.registered import DEFAULT_RETRY_DELAY, RegisteredTask, TaskOptions, retry_delay
 from sa_taskqueue.strategies import registry
-from sa_taskqueue.strategies.base import ClaimRequest, ClaimStrategy
+from sa_taskqueue.strategies.base import ClaimStrategy
+from sa_taskqueue.strategies.claiming import ClaimRequest
 from sa_taskqueue.types import utcnow
 
 if TYPE_CHECKING:
@@ -38,10 +40,7 @@ R = TypeVar("R")
 logger = logging.getLogger("sa_taskqueue")
 
 DEFAULT_LEASE = timedelta(minutes=5)
-DEFAULT_RETRY_DELAY = timedelta(seconds=1)
 DEFAULT_MAX_RETRY_DELAY = timedelta(hours=1)
-#: Longest stored ``last_error``; the head and the tail of a traceback are kept.
-MAX_ERROR_LENGTH = 60_000
 
 
 class TaskQueue:
@@ -55,6 +54,10 @@ class TaskQueue:
     running worker renews it.  ``clock`` returns the current time as an aware
     datetime (UTC by default); every time the queue writes or compares is read
     from it.
+
+    The queue validates what it is given, resolves the strategy and turns
+    database errors into `TaskQueueError` subclasses; the SQL is the
+    strategy's, and what differs between databases is the backend's.
     """
 
     def __init__(
@@ -68,11 +71,6 @@ class TaskQueue:
         clock: Callable[[], datetime] = utcnow,
     ) -> None:
         self.engine = _engine_of(bind)
-        if not callable(clock):
-            raise TypeError(f"clock must be a callable returning an aware datetime, got {clock!r}")
-        #: What the queue reads the time from: run_at, leases, retries and recovery all
-        #: follow it.  Tests pass a clock they move; applications keep the default.
-        self.clock = clock
         self.model = model
         table = getattr(model, "__table__", None)
         if not isinstance(table, Table):
@@ -80,8 +78,13 @@ class TaskQueue:
         self.table: Table = table
         if not isinstance(lease, timedelta) or lease <= timedelta(0):
             raise ValueError(f"lease must be a positive timedelta, got {lease!r}")
+        if not callable(clock):
+            raise TypeError(f"clock must be a callable returning an aware datetime, got {clock!r}")
         self.lease = lease
         self.max_retry_delay = max_retry_delay
+        #: What the queue reads the time from: run_at, leases, retries and recovery all
+        #: follow it.  Tests pass a clock they move; applications keep the default.
+        self.clock = clock
         self._tasks: dict[str, RegisteredTask[Any, Any]] = {}
         self._strategy: ClaimStrategy | None = None
         self._strategy_lock = threading.Lock()
@@ -89,20 +92,10 @@ class TaskQueue:
         self._next_recovery: datetime | None = None
         self._worker_id: tuple[int, str] | None = None
         if strategy is not None:
-            self._check_dialect(strategy)
+            registry.check_requested(strategy, self.engine.dialect)
+        backend_for(self.engine.dialect).configure_engine(self.engine)
 
     # Strategy --------------------------------------------------------------
-
-    def _check_dialect(self, strategy: str | ClaimStrategy) -> None:
-        if isinstance(strategy, str):
-            cls = registry.by_name(strategy)
-        elif isinstance(strategy, ClaimStrategy):
-            cls = type(strategy)
-        else:
-            raise TypeError(f"strategy must be None, a strategy name or a ClaimStrategy, got {strategy!r}")
-        reason = cls.unsupported_reason(self.engine.dialect)
-        if reason is not None:
-            raise StrategyError(reason)
 
     @property
     def strategy(self) -> ClaimStrategy:
@@ -114,19 +107,12 @@ class TaskQueue:
         return self._strategy
 
     def _resolve_strategy(self) -> ClaimStrategy:
-        dialect = self.engine.dialect
-        if dialect.server_version_info is None and dialect.name != "sqlite":
+        with self._database_errors():
             # The server version is known only after a first connect.
-            with self._database_errors(), self.engine.connect():
+            with self.engine.connect():
                 pass
-        requested = self._requested_strategy
-        if requested is None:
-            strategy = registry.resolve(dialect)
-        elif isinstance(requested, str):
-            strategy = registry.by_name(requested)()
-        else:
-            strategy = requested
-        strategy.check_server(dialect)
+            backend_for(self.engine.dialect).prepare_database(self.engine)
+        strategy = registry.choose(self._requested_strategy, self.engine.dialect)
         with self._database_errors():
             strategy.prepare(self.engine)
         return strategy
@@ -165,13 +151,13 @@ class TaskQueue:
         """
         if callable(name):
             return self.task()(name)
-        _check_queue_name(queue)
-        _check_int("priority", priority)
-        _check_max_attempts(max_attempts)
-        if not isinstance(retry_delay, timedelta) or retry_delay < timedelta(0):
-            raise ValueError(f"retry_delay must be a non-negative timedelta, got {retry_delay!r}")
-        timeout_seconds = _timeout_seconds(timeout)
-        options = TaskOptions(queue, priority, max_attempts, retry_delay, timeout_seconds)
+        validation.check_queue_name(queue)
+        validation.check_int("priority", priority)
+        validation.check_max_attempts(max_attempts)
+        validation.check_retry_delay(retry_delay)
+        options = TaskOptions(
+            queue, priority, max_attempts, retry_delay, validation.timeout_seconds(timeout)
+        )
 
         def register(func: Callable[P, R]) -> RegisteredTask[P, R]:
             task_name = name if name is not None else f"{func.__module__}.{func.__qualname__}"
@@ -213,7 +199,9 @@ class TaskQueue:
         The task exists exactly when the caller's transaction commits.  Every
         argument is checked before anything touches the database.
         """
-        task = self._new_task(name, params, queue, priority, run_at, max_attempts)
+        values = self._task_values(name, params, queue, priority, run_at, max_attempts)
+        # The mixin declares no constructor; the mapped subclass gets the declarative one.
+        task = cast("Callable[..., TaskMixin]", self.model)(**values)
         session.add(task)
         session.flush()
         notify_enqueued(session, self.table, [task.queue])
@@ -238,8 +226,7 @@ class TaskQueue:
         new ids in order, or None where the database cannot return them from
         a multi-row INSERT (MySQL).
         """
-        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-            raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
+        validation.check_positive_int("chunk_size", chunk_size)
         rows = [
             self._task_values(name, params, queue, priority, run_at, max_attempts) for params in params_list
         ]
@@ -266,51 +253,21 @@ class TaskQueue:
         run_at: datetime | None,
         max_attempts: int | None,
     ) -> dict[str, Any]:
+        """A registered task's row: the call's values, else the registration's defaults, all checked."""
         registered = self._tasks.get(name) if isinstance(name, str) else None
         if registered is None:
             known = ", ".join(repr(n) for n in self.task_names) or "none"
             raise ValueError(f"name: no task registered under {name!r} (registered: {known})")
-        if params is None:
-            params = {}
-        _check_params(params)
         options = registered.options
-        if queue is not None:
-            _check_queue_name(queue)
-        if priority is not None:
-            _check_int("priority", priority)
-        if max_attempts is not None:
-            _check_max_attempts(max_attempts)
-        if run_at is not None:
-            if not isinstance(run_at, datetime):
-                raise TypeError(f"run_at must be a datetime, got {type(run_at).__name__}")
-            if run_at.tzinfo is None or run_at.utcoffset() is None:
-                raise ValueError(f"run_at must be timezone-aware, got naive {run_at!r}")
-        now = self.clock()
-        return {
-            "name": name,
-            "params": params,
-            "queue": queue if queue is not None else options.queue,
-            "priority": priority if priority is not None else options.priority,
-            "max_attempts": max_attempts if max_attempts is not None else options.max_attempts,
-            "run_at": run_at if run_at is not None else now,
-            "status": TaskStatus.QUEUED,
-            "attempts": 0,
-            "created_at": now,
-        }
-
-    def _new_task(
-        self,
-        name: str,
-        params: dict[str, Any] | None,
-        queue: str | None,
-        priority: int | None,
-        run_at: datetime | None,
-        max_attempts: int | None,
-    ) -> TaskMixin:
-        values = self._task_values(name, params, queue, priority, run_at, max_attempts)
-        # The mixin declares no constructor; the mapped subclass gets the declarative one.
-        model = cast("Callable[..., TaskMixin]", self.model)
-        return model(**values)
+        return validation.task_values(
+            name,
+            {} if params is None else params,
+            queue=options.queue if queue is None else queue,
+            priority=options.priority if priority is None else priority,
+            max_attempts=options.max_attempts if max_attempts is None else max_attempts,
+            run_at=run_at,
+            now=self.clock(),
+        )
 
     # Claim and finish ------------------------------------------------------
 
@@ -334,21 +291,19 @@ class TaskQueue:
         ``self.lease``; the claim commits before this returns.  The snapshots
         come in claim order: priority, then run_at, then id.
         """
-        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
-            raise ValueError(f"limit must be a positive integer, got {limit!r}")
+        validation.check_positive_int("limit", limit)
         queue_names: tuple[str, ...] | None = None
         if queues is not None:
             if isinstance(queues, str):
                 raise TypeError("queues must be a sequence of queue names, not a single string")
             queue_names = tuple(queues)
             for queue_name in queue_names:
-                _check_queue_name(queue_name)
+                validation.check_queue_name(queue_name)
             if not queue_names:
                 return []
         strategy = self.strategy
         self._recover_if_due(strategy)
-        now = self.clock()
-        request = self._request(limit, queue_names, worker_id or self.default_worker_id(), now)
+        request = self._request(limit, queue_names, worker_id or self.default_worker_id())
         with self._database_errors():
             rows = strategy.claim(self.engine, self.table, request)
         return sorted((ClaimedTask.from_row(row) for row in rows), key=lambda t: t.sort_key)
@@ -359,35 +314,13 @@ class TaskQueue:
         For checking that the claim walks its index, however many finished
         rows the table holds.
         """
-        now = self.clock()
-        request = self._request(limit, tuple(queues) if queues is not None else None, "explain", now)
+        request = self._request(limit, tuple(queues) if queues is not None else None, "explain")
         statement = self.strategy.finding_statement(self.engine.dialect, self.table, request)
-        prefix = explain_prefix(self.engine.dialect)
-        plan: list[Any] = []
+        with self._database_errors():
+            return explain(self.engine, statement, request.params())
 
-        def explain(_conn: Any, _cursor: Any, sql: str, parameters: Any, *_rest: Any) -> tuple[str, Any]:
-            return prefix + sql, parameters
-
-        def capture(_conn: Any, cursor: Any, *_rest: Any) -> None:
-            if cursor.description is not None:
-                plan.extend(cursor.fetchall())
-
-        # The statement is run exactly as a claim runs it, bound the same way,
-        # with EXPLAIN put in front of it on its way to the driver.
-        with self._database_errors(), self.engine.connect() as conn:
-            event.listen(conn, "before_cursor_execute", explain, retval=True)
-            event.listen(conn, "after_cursor_execute", capture)
-            try:
-                with conn.begin():
-                    conn.execute(statement, request.params())
-            finally:
-                event.remove(conn, "before_cursor_execute", explain)
-                event.remove(conn, "after_cursor_execute", capture)
-        return "\n".join(" ".join(str(value) for value in row) for row in plan)
-
-    def _request(
-        self, limit: int, queues: tuple[str, ...] | None, worker_id: str, now: datetime
-    ) -> ClaimRequest:
+    def _request(self, limit: int, queues: tuple[str, ...] | None, worker_id: str) -> ClaimRequest:
+        now = self.clock()
         return ClaimRequest(
             limit=limit, queues=queues, worker_id=worker_id, now=now, lease_until=now + self.lease
         )
@@ -412,11 +345,7 @@ class TaskQueue:
 
     def complete(self, claimed: ClaimedTask, result: Any = None) -> bool:
         """Mark the task COMPLETED with ``result``; False if ``claimed`` no longer holds it."""
-        if result is not None:
-            try:
-                json.dumps(result, allow_nan=False)
-            except (TypeError, ValueError) as error:
-                raise TypeError(f"result is not JSON-serialisable: {error}") from error
+        validation.check_result(result)
         now = self.clock()
         values = {
             "status": TaskStatus.COMPLETED,
@@ -438,13 +367,8 @@ class TaskQueue:
         if len(values) != len(tasks):
             raise ValueError(f"results has {len(values)} entries for {len(tasks)} tasks")
         for task, result in zip(tasks, values, strict=True):
-            if not isinstance(task, ClaimedTask):
-                raise TypeError(f"expected the ClaimedTask returned by claim(), got {task!r}")
-            if result is not None:
-                try:
-                    json.dumps(result, allow_nan=False)
-                except (TypeError, ValueError) as error:
-                    raise TypeError(f"result of task {task.id} is not JSON-serialisable: {error}") from error
+            _check_claimed(task)
+            validation.check_result(result, f"result of task {task.id}")
         if not tasks:
             return set()
         now = self.clock()
@@ -467,13 +391,12 @@ class TaskQueue:
 
     def release(self, claimed: ClaimedTask) -> bool:
         """Give a task back unrun (shutting down): QUEUED again, the attempt not counted."""
-        now = self.clock()
         values = {
             "status": TaskStatus.QUEUED,
             "attempts": self.table.c.attempts - 1,
             "locked_until": None,
         }
-        return self._finish(claimed, values, now)
+        return self._finish(claimed, values, self.clock())
 
     def extend_leases(self, claimed: Sequence[ClaimedTask]) -> set[int]:
         """Renew the lease of each task still held; return the ids renewed (the worker's heartbeat)."""
@@ -484,8 +407,7 @@ class TaskQueue:
             return self.strategy.extend(self.engine, self.table, claimed, now + self.lease, now)
 
     def _finish(self, claimed: ClaimedTask, values: dict[str, Any], now: datetime) -> bool:
-        if not isinstance(claimed, ClaimedTask):
-            raise TypeError(f"expected the ClaimedTask returned by claim(), got {claimed!r}")
+        _check_claimed(claimed)
         with self._database_errors():
             return self.strategy.finish(self.engine, self.table, claimed, values, now)
 
@@ -493,21 +415,12 @@ class TaskQueue:
         """``retry_delay * 2**(attempts-1)``, plus up to 25% jitter, capped at ``max_retry_delay``."""
         registered = self._tasks.get(claimed.name)
         base = registered.options.retry_delay if registered else DEFAULT_RETRY_DELAY
-        exponent = min(max(claimed.attempts - 1, 0), 32)
-        delay = base * (1 << exponent) * random.uniform(1.0, 1.25)
-        return min(delay, self.max_retry_delay)
+        return retry_delay(base, claimed.attempts, self.max_retry_delay)
 
     def cancel(self, task_id: int) -> bool:
         """Cancel a queued task so that it is never claimed; False if it is not queued."""
-        now = self.clock()
-        table = self.table
         with self._database_errors(), self.strategy.transaction(self.engine) as conn:
-            result = conn.execute(
-                update(table)
-                .where(table.c.id == task_id, table.c.status == TaskStatus.QUEUED)
-                .values(status=TaskStatus.CANCELLED, finished_at=now)
-            )
-        return result.rowcount == 1
+            return cancel_queued(conn, self.table, task_id, self.clock())
 
     # Worker ----------------------------------------------------------------
 
@@ -534,7 +447,7 @@ class TaskQueue:
         return worker
 
     def close(self) -> None:
-        """Release what the strategy holds (advisory locks) and the engine's idle connections."""
+        """Release what the strategy holds: its kept connections and any advisory locks."""
         if self._strategy is not None:
             self._strategy.close()
 
@@ -555,59 +468,6 @@ def _engine_of(bind: Engine | sessionmaker[Session]) -> Engine:
     raise TypeError(f"bind must be an Engine or a sessionmaker, got {type(bind).__name__}")
 
 
-def _timeout_seconds(timeout: timedelta | float | None) -> float | None:
-    if timeout is None:
-        return None
-    seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
-    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds > 0:
-        raise ValueError(f"timeout must be a positive number of seconds or timedelta, got {timeout!r}")
-    return float(seconds)
-
-
-def check_task_arguments(params: Any, queue: Any, priority: Any, max_attempts: Any) -> None:
-    """The checks every enqueue path makes before touching the database."""
-    _check_params(params)
-    _check_queue_name(queue)
-    _check_int("priority", priority)
-    _check_max_attempts(max_attempts)
-
-
-def _check_params(params: Any) -> None:
-    if not isinstance(params, dict):
-        raise TypeError(f"params must be a dict, got {type(params).__name__}")
-    for key in params:
-        if not isinstance(key, str):
-            raise TypeError(f"params keys must be strings (they become keyword arguments), got {key!r}")
-    try:
-        json.dumps(params, allow_nan=False)
-    except (TypeError, ValueError) as error:
-        raise TypeError(f"params must be JSON-serialisable: {error}") from error
-
-
-def _check_queue_name(queue: Any) -> None:
-    from sa_taskqueue.model import QUEUE_LENGTH
-
-    if not isinstance(queue, str) or not queue or len(queue) > QUEUE_LENGTH:
-        raise ValueError(
-            f"queue must be a non-empty string of at most {QUEUE_LENGTH} characters, got {queue!r}"
-        )
-
-
-def _check_int(argument: str, value: Any) -> None:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError(f"{argument} must be an integer, got {value!r}")
-
-
-def _check_max_attempts(value: Any) -> None:
-    _check_int("max_attempts", value)
-    if value < 1:
-        raise ValueError(f"max_attempts must be at least 1, got {value!r}")
-
-
-def format_error(error: BaseException | str) -> str:
-    """The exception's type, message and traceback, shortened in the middle if very long."""
-    text = "".join(traceback.format_exception(error)) if isinstance(error, BaseException) else str(error)
-    if len(text) > MAX_ERROR_LENGTH:
-        half = MAX_ERROR_LENGTH // 2
-        text = f"{text[:half]}\n... [{len(text) - MAX_ERROR_LENGTH} characters cut] ...\n{text[-half:]}"
-    return text
+def _check_claimed(claimed: Any) -> None:
+    if not isinstance(claimed, ClaimedTask):
+        raise TypeError(f"expected the ClaimedTask returned by claim(), got {claimed!r}")

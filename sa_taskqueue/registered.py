@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -16,6 +17,8 @@ if TYPE_CHECKING:
 
 P = ParamSpec("P")
 R = TypeVar("R")
+
+DEFAULT_RETRY_DELAY = timedelta(seconds=1)
 
 
 @dataclass(frozen=True)
@@ -56,3 +59,14 @@ class RegisteredTask(Generic[P, R]):
 
     def __repr__(self) -> str:
         return f"<RegisteredTask {self.name!r}>"
+
+
+def retry_delay(base: timedelta, attempts: int, cap: timedelta) -> timedelta:
+    """``base * 2**(attempts-1)``, plus up to 25% jitter, at most ``cap``.
+
+    The jitter spreads the retries of tasks that failed together (an outage
+    of the service they call), so they do not all come back at once.
+    """
+    exponent = min(max(attempts - 1, 0), 32)
+    delay = base * (1 << exponent) * random.uniform(1.0, 1.25)
+    return min(delay, cap)

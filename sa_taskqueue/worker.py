@@ -11,7 +11,6 @@ interval after work to ``poll_interval`` when idle.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import random
@@ -25,20 +24,18 @@ from functools import partial
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from sqlalchemy import exc as sa_exc
-
+from sa_taskqueue.backends import backend_for
 from sa_taskqueue.claimed import ClaimedTask
-from sa_taskqueue.exceptions import DatabaseUnavailable, TaskNotRegistered
+from sa_taskqueue.completions import Completions
+from sa_taskqueue.exceptions import DatabaseError, DatabaseUnavailable, TaskNotRegistered
 from sa_taskqueue.execution import ChildProcess, GivenBack, Outcome, run_in_thread
-from sa_taskqueue.notify import Listener, supports_notify
+from sa_taskqueue.notify import Listener
+from sa_taskqueue.validation import is_storable
 
 if TYPE_CHECKING:
     from sa_taskqueue.queue import TaskQueue
 
 logger = logging.getLogger("sa_taskqueue")
-
-#: Errors after which the worker waits and tries again rather than stopping.
-TRANSIENT_ERRORS = (DatabaseUnavailable, sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.TimeoutError)
 
 #: Longest pause between claims after database errors.
 MAX_ERROR_BACKOFF = 30.0
@@ -65,24 +62,6 @@ class _Running:
     # Shutdown (giving back) and the task's thread (starting a child) decide
     # under this lock, so a task is never given back and then started.
     lock: threading.Lock = field(default_factory=threading.Lock)
-
-
-@dataclass
-class _Completion:
-    """A successful run waiting to be written, and whether it was (None: not written at all)."""
-
-    task: ClaimedTask
-    outcome: Outcome
-    recorded: bool | None = None
-    written: threading.Event = field(default_factory=threading.Event)
-
-
-def _storable(result: Any) -> bool:
-    try:
-        json.dumps(result, allow_nan=False)
-    except (TypeError, ValueError):
-        return False
-    return True
 
 
 class Worker:
@@ -149,17 +128,8 @@ class Worker:
         self._wake = threading.Event()
         self._running: dict[Future[None], _Running] = {}
         self._lock = threading.Lock()
-        self._completions: list[_Completion] = []
-        self._completing = threading.Lock()  # held by the slot writing the completions waiting
+        self._completions = Completions(self._write_successes, self._record_success)
         self._database_down = False
-        # A driver error raised outside a statement (SQLAlchemy setting up a
-        # connection it took from the pool) arrives unwrapped.
-        dbapi = queue.engine.dialect.loaded_dbapi
-        self._transient: tuple[type[BaseException], ...] = (
-            *TRANSIENT_ERRORS,
-            getattr(dbapi, "OperationalError", sa_exc.OperationalError),
-            getattr(dbapi, "InterfaceError", sa_exc.InterfaceError),
-        )
 
     # Control ---------------------------------------------------------------
 
@@ -180,7 +150,7 @@ class Worker:
         background: list[threading.Thread] = [
             threading.Thread(target=self._heartbeat, name="sa_taskqueue-heartbeat", daemon=True)
         ]
-        if self.listen and not self.burst and supports_notify(self.queue.engine):
+        if self.listen and not self.burst and backend_for(self.queue.engine.dialect).listen:
             background.append(Listener(self.queue.engine, self.queue.table, self._notified, self._stopped))
         logger.info(
             "worker %s started: strategy=%s concurrency=%d isolation=%s queues=%s",
@@ -235,7 +205,7 @@ class Worker:
             self._wake.clear()
             try:
                 claimed = self.queue.claim(limit=free, queues=self.queues, worker_id=self.worker_id)
-            except self._transient as error:
+            except DatabaseUnavailable as error:
                 error_backoff = min(max(error_backoff * 2, 0.5), MAX_ERROR_BACKOFF)
                 self._database_trouble(error, error_backoff)
                 self._stopping.wait(error_backoff)
@@ -293,7 +263,7 @@ class Worker:
                     slot.child.kill()
             try:
                 released = self.queue.release(slot.task)
-            except self._transient as error:
+            except DatabaseUnavailable as error:
                 logger.error(
                     "task %d %s: could not give it back (%s); its lease will", *_ids(slot.task), error
                 )
@@ -367,62 +337,18 @@ class Worker:
         self.queue.engine.dispose(close=False)
 
     def _complete(self, task: ClaimedTask, outcome: Outcome) -> None:
-        """Record a success, in one statement with whatever other slots finished meanwhile.
-
-        The slot waits until its task is written, so a freed slot still means
-        a recorded outcome.  Whichever slot finds no write under way writes
-        every completion waiting, again and again until none is left: while
-        one statement is on its way, the slots finishing behind it gather
-        into the next.
-        """
-        if outcome.result is not None and not _storable(outcome.result):
+        """Record a success, in one statement with whatever other slots finished meanwhile."""
+        if outcome.result is not None and not is_storable(outcome.result):
             self._record(task, outcome)  # recorded as the failure it is
             return
-        waiting = _Completion(task, outcome)
-        with self._lock:
-            self._completions.append(waiting)
-        self._write_completions()
-        waiting.written.wait()
-        if waiting.recorded is False:
+        if self._completions.record(task, outcome.result) is False:
             logger.warning("task %d %s: outcome not recorded, the task was taken over", *_ids(task))
 
-    def _write_completions(self) -> None:
-        while self._completing.acquire(blocking=False):
-            try:
-                while True:
-                    with self._lock:
-                        batch, self._completions = self._completions, []
-                    if not batch:
-                        break
-                    self._write_batch(batch)
-            finally:
-                self._completing.release()
-            # A slot may have queued its completion after the last look and
-            # before the release, finding the write still under way.
-            with self._lock:
-                if not self._completions:
-                    return
+    def _write_successes(self, tasks: Sequence[ClaimedTask], results: Sequence[Any]) -> set[int] | None:
+        return self._through_outage(lambda: self.queue.complete_many(tasks, results), tasks)
 
-    def _write_batch(self, batch: list[_Completion]) -> None:
-        tasks = [item.task for item in batch]
-        try:
-            written = self._through_outage(
-                lambda: self.queue.complete_many(tasks, [item.outcome.result for item in batch]), tasks
-            )
-            for item in batch:
-                item.recorded = None if written is None else item.task.id in written
-        except Exception:
-            # The database refused a result, or something else went wrong
-            # with the statement: each on its own, so only what fails fails.
-            logger.debug("writing %d completions together failed; one by one", len(batch), exc_info=True)
-            for item in batch:
-                try:
-                    self._record(item.task, item.outcome)
-                except Exception:
-                    logger.exception("task %d %s: could not record its outcome", *_ids(item.task))
-        finally:
-            for item in batch:
-                item.written.set()
+    def _record_success(self, task: ClaimedTask, result: Any) -> None:
+        self._record(task, Outcome(result=result))
 
     def _record(self, task: ClaimedTask, outcome: Outcome) -> None:
         """Write the outcome of one task: completed, or failed (retried later, or for good)."""
@@ -441,10 +367,10 @@ class Worker:
                 else:
                     error_value: BaseException | str = outcome.error_text or outcome.error
                     recorded = self._through_outage(partial(self.queue.fail, task, error_value), [task])
-            except sa_exc.DBAPIError as error:
+            except DatabaseError as error:
                 if outcome.error is None:
                     # The database refused the result itself (e.g. NaN in JSON).
-                    logger.warning("task %d %s: its result cannot be stored: %s", *_ids(task), error.orig)
+                    logger.warning("task %d %s: its result cannot be stored: %s", *_ids(task), error)
                     outcome = Outcome(error=error)
                     continue
                 logger.exception("task %d %s: could not record the failure", *_ids(task))
@@ -465,7 +391,7 @@ class Worker:
         while True:
             try:
                 value = write()
-            except self._transient as error:
+            except DatabaseUnavailable as error:
                 self._database_trouble(error, backoff)
                 if time.monotonic() > give_up_at or self._stopped.is_set():
                     for task in tasks:
@@ -495,7 +421,7 @@ class Worker:
                 continue
             try:
                 renewed = self.queue.extend_leases(tasks)
-            except self._transient as error:
+            except DatabaseUnavailable as error:
                 self._database_trouble(error, interval)
                 continue
             except Exception:

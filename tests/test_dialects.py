@@ -17,7 +17,7 @@ from sqlalchemy.schema import CreateTable
 
 import sa_taskqueue as tq
 from sa_taskqueue.strategies import registry
-from sa_taskqueue.strategies.base import ClaimRequest
+from sa_taskqueue.strategies.claiming import ClaimRequest
 from sa_taskqueue.strategies.conditional import ConditionalUpdateStrategy
 from sa_taskqueue.strategies.skip_locked import SkipLockedStrategy, locking_select
 from tests.app import make_queue
@@ -47,7 +47,7 @@ def test_postgres_claims_with_a_locking_cte_and_update_from_returning() -> None:
 
 
 def test_oracle_locks_from_an_unbounded_cursor() -> None:
-    text = sql(SkipLockedStrategy().oracle_locking_select(TABLE, REQUEST), oracle.dialect())
+    text = sql(SkipLockedStrategy().unbounded_locking_select(TABLE, REQUEST), oracle.dialect())
     assert text.endswith("FOR UPDATE SKIP LOCKED")
     assert "FETCH FIRST" not in text and "ROWNUM" not in text, "ORA-02014 with FOR UPDATE"
     # Why: SQLAlchemy's own limit renders the shape Oracle rejects.
@@ -67,7 +67,7 @@ def test_mysql_locking_select_limits_outside_any_subquery() -> None:
 
 def test_sqlite_drops_for_update_so_it_gets_the_conditional_update() -> None:
     assert "FOR UPDATE" not in sql(select_ids().with_for_update(skip_locked=True), sqlite.dialect())
-    text = sql(ConditionalUpdateStrategy().sqlite_claim(TABLE, REQUEST), sqlite.dialect())
+    text = sql(ConditionalUpdateStrategy().one_statement_claim(TABLE, REQUEST), sqlite.dialect())
     assert re.fullmatch(
         r"UPDATE sa_taskqueue_task SET .* WHERE sa_taskqueue_task.id IN \(SELECT .* LIMIT .*\) RETURNING .*",
         text,

@@ -35,7 +35,7 @@ def enqueue(queue: tq.TaskQueue, engine: sa.Engine, count: int, **options: objec
 def backend_pid(queue: tq.TaskQueue) -> int:
     """The server's id for the connection the strategy keeps for single statements."""
     sql = {"postgresql": "SELECT pg_backend_pid()", "mysql": "SELECT CONNECTION_ID()"}
-    with queue.strategy.single_statement(queue.engine) as conn:
+    with queue.strategy.executor.single_statement(queue.engine) as conn:
         return int(conn.exec_driver_sql(sql[conn.dialect.name]).scalar_one())
 
 
@@ -68,7 +68,7 @@ def test_a_claim_finds_the_kept_connection_lent_out_and_takes_a_pooled_one(
         [claimed] = queue.claim()
         outcome.append(queue.complete(claimed))
 
-    with queue.strategy.single_statement(engine):
+    with queue.strategy.executor.single_statement(engine):
         other = threading.Thread(target=claim_and_complete)
         other.start()
         other.join(timeout=30)
@@ -192,7 +192,7 @@ def test_oracle_statements_run_as_constructs_for_their_input_sizes() -> None:
     # never match on Oracle.
     from sqlalchemy.dialects import oracle, postgresql
 
-    from sa_taskqueue.strategies.prepared import PreparedStatement
+    from sa_taskqueue.prepared import PreparedStatement
 
     update = sa.update(TABLE).where(TABLE.c.id == sa.bindparam("x")).values(locked_until=None)
     assert PreparedStatement(update, oracle.dialect(), TABLE).direct is False

@@ -21,22 +21,16 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, Engine, Table, func, select, update
+from sqlalchemy import ColumnElement, Connection, Engine, Table, select, update
 from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import DBAPIError
 
-from sa_taskqueue.claimed import ClaimedTask
-from sa_taskqueue.dialects import is_mysql_family
+from sa_taskqueue.backends import backend_for
+from sa_taskqueue.claimed import ClaimedTask, ClaimKey
 from sa_taskqueue.model import TaskStatus, has_status
-from sa_taskqueue.strategies.base import (
-    ClaimRequest,
-    ClaimStrategy,
-    claimed_values,
-    due_clause,
-    due_select,
-    orphan_values,
-    same_claim,
-)
+from sa_taskqueue.strategies.base import ClaimStrategy
+from sa_taskqueue.strategies.claiming import ClaimRequest, claimed_values, due_clause, due_select
+from sa_taskqueue.strategies.lease import orphan_values, same_claim
 
 WORKER_LOST_ERROR = "worker lost: its connection closed while the task was running"
 
@@ -45,49 +39,30 @@ RECOVERY_BATCH = 500
 
 
 class AdvisoryLocks:
-    """The lock functions of one dialect, keyed by (table, task id)."""
+    """The advisory locks of one task table, one per task id, in the backend's lock functions."""
 
     def __init__(self, engine: Engine, table: Table) -> None:
-        self.postgresql = engine.dialect.name == "postgresql"
-        # PostgreSQL's advisory locks are per database; MySQL's named locks
-        # are server-wide, so the database is part of the name there.
-        scope = table.name if self.postgresql else f"{engine.url.database}.{table.schema}.{table.name}"
-        digest = zlib.crc32(f"sa_taskqueue:{scope}".encode())
-        # PostgreSQL's two-key form takes two int4s: the table's namespace and
-        # the id's low 32 bits.  Ids 2**32 apart share a lock, which can only
-        # make one wait for the other, never let two workers hold one task.
-        self.namespace = _int4(digest)
-        # MySQL lock names are at most 64 characters.
-        self.prefix = f"sa_taskqueue:{digest:08x}:"
-
-    def _lock_call(self, task_id: int) -> ColumnElement[Any]:
-        if self.postgresql:
-            return func.pg_try_advisory_lock(self.namespace, _int4(task_id))
-        return func.get_lock(f"{self.prefix}{task_id}", 0)
-
-    def _unlock_call(self, task_id: int) -> ColumnElement[Any]:
-        if self.postgresql:
-            return func.pg_advisory_unlock(self.namespace, _int4(task_id))
-        return func.release_lock(f"{self.prefix}{task_id}")
+        self.backend = backend_for(engine.dialect)
+        scope = self.backend.advisory_scope(engine, table)
+        self.namespace = zlib.crc32(f"sa_taskqueue:{scope}".encode())
 
     def try_lock(self, conn: Connection, ids: Sequence[int]) -> list[int]:
         """Try each lock once, without waiting; return the ids now locked by ``conn``, in order."""
         if not ids:
             return []
-        results = conn.execute(select(*(self._lock_call(task_id) for task_id in ids))).one()
+        calls = (self.backend.try_advisory_lock(self.namespace, task_id) for task_id in ids)
+        results = conn.execute(select(*calls)).one()
         # GET_LOCK answers 1, 0, or NULL on error; pg_try_advisory_lock a boolean.
         return [task_id for task_id, got in zip(ids, results, strict=True) if got in (True, 1)]
 
     def unlock(self, conn: Connection, ids: Sequence[int]) -> None:
         if ids:
-            conn.execute(select(*(self._unlock_call(task_id) for task_id in ids))).one()
-
-
-ClaimKey = tuple[int, str, int, datetime]
+            calls = (self.backend.advisory_unlock(self.namespace, task_id) for task_id in ids)
+            conn.execute(select(*calls)).one()
 
 
 def claim_key(row: Any) -> ClaimKey:
-    """What tells one claim of a task from every other: id, worker, attempt and start time."""
+    """The `ClaimedTask.claim_key` of a claimed row."""
     return (row["id"], row["locked_by"], row["attempts"], row["started_at"])
 
 
@@ -111,13 +86,14 @@ class AdvisoryLockStrategy(ClaimStrategy):
     name = "advisory_lock"
 
     def __init__(self) -> None:
+        super().__init__()
         self._holders: dict[ClaimKey, _Holder] = {}
         self._holders_mutex = threading.Lock()
         self._recovery_after_id = 0
 
     @classmethod
     def unsupported_reason(cls, dialect: Dialect) -> str | None:
-        if dialect.name == "postgresql" or is_mysql_family(dialect):
+        if backend_for(dialect).advisory_locks:
             return None
         return (
             f"advisory_lock needs PostgreSQL (pg_try_advisory_lock) or MySQL/MariaDB (GET_LOCK); "
@@ -174,7 +150,7 @@ class AdvisoryLockStrategy(ClaimStrategy):
             .where(table.c.id.in_(ids), due_clause(table, request))
             .values(**claimed_values(table, request))
         )
-        if conn.dialect.update_returning:
+        if backend_for(conn.dialect).update_returning:
             return [dict(row) for row in conn.execute(claim.returning(*table.c), request.params()).mappings()]
         # MySQL and MariaDB have no UPDATE ... RETURNING.  We hold these rows'
         # locks, so the rows we just marked are exactly those now running
@@ -195,7 +171,7 @@ class AdvisoryLockStrategy(ClaimStrategy):
         return same_claim(table)
 
     def finish(self, engine: Engine, table: Table, task: ClaimedTask, values: Any, now: datetime) -> bool:
-        key = (task.id, task.locked_by, task.attempts, task.started_at)
+        key = task.claim_key
         with self._holders_mutex:
             holder = self._holders.get(key)
         if holder is None:
@@ -301,9 +277,3 @@ class AdvisoryLockStrategy(ClaimStrategy):
             if not holder.conn.closed:
                 holder.conn.invalidate()
                 holder.conn.close()
-
-
-def _int4(value: int) -> int:
-    """The low 32 bits of ``value`` as a signed int4."""
-    value &= 0xFFFFFFFF
-    return value - 0x1_0000_0000 if value >= 0x8000_0000 else value

@@ -1,8 +1,8 @@
 """Which claim strategy a database gets: the one place that maps dialect and version to a strategy.
 
-Keys are SQLAlchemy dialect names, with MariaDB told apart from MySQL as
-``"mariadb"`` (SQLAlchemy names it ``"mysql"`` under a ``mysql://`` URL), and ``"*"`` for any other
-dialect.  Several entries may share a key with different ``min_version``; the
+Keys are the backends' server names (`Backend.name`): SQLAlchemy dialect
+names, with MariaDB told apart from MySQL as ``"mariadb"`` whatever the URL
+said, and ``"*"`` for any other dialect.  Several entries may share a key with different ``min_version``; the
 newest one the connected server satisfies wins.
 """
 
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from sqlalchemy.engine import Dialect
 
-from sa_taskqueue.dialects import is_mariadb
+from sa_taskqueue.backends import ANY_DIALECT, backend_for
 from sa_taskqueue.exceptions import StrategyError
 from sa_taskqueue.strategies.advisory import AdvisoryLockStrategy
 from sa_taskqueue.strategies.base import ClaimStrategy
@@ -21,8 +21,6 @@ from sa_taskqueue.strategies.conditional import ConditionalUpdateStrategy
 from sa_taskqueue.strategies.skip_locked import SkipLockedStrategy
 
 StrategyFactory = Callable[[], ClaimStrategy]
-
-ANY_DIALECT = "*"
 
 
 @dataclass(frozen=True)
@@ -56,24 +54,47 @@ def register(
 
 
 def registry_key(dialect: Dialect) -> str:
-    """The registry's name for a dialect: ``"mariadb"`` for MariaDB, else ``dialect.name``."""
-    if is_mariadb(dialect):
-        return "mariadb"
-    return dialect.name
+    """The registry's name for a dialect: its backend's server name (``"mariadb"`` for MariaDB)."""
+    return backend_for(dialect).name
 
 
 def resolve(dialect: Dialect) -> ClaimStrategy:
     """A new instance of the default strategy for a connected dialect.
 
-    Uses ``dialect.name``, ``is_mariadb`` and ``server_version_info``, so call
-    it after the engine has connected once.
+    Uses the server's name and version, so call it after the engine has
+    connected once.
     """
-    version = tuple(dialect.server_version_info or ())
+    version = backend_for(dialect).server_version
     for key in (registry_key(dialect), ANY_DIALECT):
         for entry in _defaults.get(key, []):
             if entry.min_version is None or version >= entry.min_version:
                 return entry.factory()
     raise StrategyError(f"no claim strategy is registered for the {dialect.name!r} dialect")
+
+
+def check_requested(requested: object, dialect: Dialect) -> None:
+    """Refuse, before any connect, a strategy that ``dialect`` cannot run or that is not a strategy at all."""
+    if isinstance(requested, str):
+        cls = by_name(requested)
+    elif isinstance(requested, ClaimStrategy):
+        cls = type(requested)
+    else:
+        raise TypeError(f"strategy must be None, a strategy name or a ClaimStrategy, got {requested!r}")
+    reason = cls.unsupported_reason(dialect)
+    if reason is not None:
+        raise StrategyError(reason)
+
+
+def choose(requested: str | ClaimStrategy | None, dialect: Dialect) -> ClaimStrategy:
+    """The strategy for a connected ``dialect``: the one asked for, else the default; version-checked."""
+    if requested is None:
+        strategy = resolve(dialect)
+    elif isinstance(requested, str):
+        strategy = by_name(requested)()
+    else:
+        strategy = requested
+    strategy.check_server(dialect)
+    return strategy
 
 
 def by_name(name: str) -> type[ClaimStrategy]:
@@ -94,4 +115,14 @@ register("mariadb", ConditionalUpdateStrategy)
 register("sqlite", ConditionalUpdateStrategy)
 register(ANY_DIALECT, ConditionalUpdateStrategy)
 
-__all__ = ["ANY_DIALECT", "StrategyFactory", "by_name", "named", "register", "registry_key", "resolve"]
+__all__ = [
+    "ANY_DIALECT",
+    "StrategyFactory",
+    "by_name",
+    "check_requested",
+    "choose",
+    "named",
+    "register",
+    "registry_key",
+    "resolve",
+]

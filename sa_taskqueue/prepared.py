@@ -20,10 +20,9 @@ from typing import Any
 from sqlalchemy import Connection, CursorResult, Table
 from sqlalchemy.engine import Dialect
 
-Processor = Callable[[Any], Any]
+from sa_taskqueue.backends import backend_for
 
-#: Dialects whose drivers take the compiled SQL and processed values as they are.
-DIRECT_DIALECTS = frozenset({"postgresql", "sqlite", "mysql", "mariadb"})
+Processor = Callable[[Any], Any]
 
 
 class PreparedStatement:
@@ -37,11 +36,9 @@ class PreparedStatement:
 
     def __init__(self, statement: Any, dialect: Dialect, table: Table) -> None:
         self.statement = statement
-        # Only where the driver binds every value right from the value alone.
-        # python-oracledb needs the input sizes SQLAlchemy sets (or it binds
-        # a datetime as a DATE, dropping the microseconds the guards compare)
-        # and out-parameters for RETURNING: there the construct runs as usual.
-        self.direct = dialect.name in DIRECT_DIALECTS
+        # Only where the driver binds every value right from the value alone;
+        # elsewhere the construct runs as usual.
+        self.direct = backend_for(dialect).direct_execution
         compiled = statement.compile(dialect=dialect)
         expanding = [name for name, bind in compiled.binds.items() if bind.expanding]
         if expanding or getattr(compiled, "escaped_bind_names", None):

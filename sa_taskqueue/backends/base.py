@@ -1,0 +1,158 @@
+"""`Backend`: what the queue needs to know about one database, as named capabilities.
+
+The base class describes a plain SQL database that SQLAlchemy compiles for
+(the ``"*"`` default): no row locks the queue relies on, no advisory locks, no
+notifications, standard types.  Each database family overrides what differs,
+in a module of its own, with the reason on the line.  Strategies, types, the
+model's migrations and the worker ask a backend; none of them tests a
+dialect's name.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import JSON, ColumnElement, Connection, DateTime, Engine, Table, Text
+from sqlalchemy.engine import Dialect
+from sqlalchemy.types import TypeEngine
+
+
+class Backend:
+    """One SQLAlchemy dialect as the queue sees it; created by `backend_for`, cheap to make."""
+
+    #: Shown in messages ("PostgreSQL", "MariaDB").
+    label = "this database"
+
+    # Claiming ------------------------------------------------------------------
+
+    #: The dialect renders ``FOR UPDATE SKIP LOCKED`` and the server honours it
+    #: (from `skip_locked_since` on, where that is set).
+    skip_locked = False
+    #: The first server version with SKIP LOCKED, where older ones are in use.
+    skip_locked_since: tuple[int, ...] | None = None
+    #: A locked, limited SELECT can be a CTE that ``UPDATE ... FROM`` joins and
+    #: ``RETURNING`` reads back: a claim in one statement.
+    update_from_locked_cte = False
+    #: ``LIMIT`` (or its equivalent) may stand beside ``FOR UPDATE``.
+    limit_with_for_update = True
+    #: One writer at a time for the whole database, and a writing statement
+    #: takes that lock before it reads, so an ``UPDATE ... WHERE id IN
+    #: (SELECT ... LIMIT n)`` cannot race another writer.
+    serialised_writes = False
+
+    # Bulk enqueue ----------------------------------------------------------------
+
+    #: Many rows go as one array per column, unpacked by ``unnest`` in one
+    #: ``INSERT ... SELECT``: a few parameters whatever the row count.
+    insert_from_arrays = False
+    #: A multi-row INSERT numbers its rows in order and nothing else writes
+    #: meanwhile, so the new ids sorted are the rows in order.
+    multi_row_insert_ids_in_order = False
+
+    # Statements and connections --------------------------------------------------
+
+    #: Single statements (a claim, a completion) run in the driver's autocommit
+    #: mode, because BEGIN and COMMIT would each cost a round trip.
+    autocommit_statements = False
+    #: What opens a transaction that is going to write, when the driver's own
+    #: implicit BEGIN is not enough; None for the driver's default.
+    write_begin: str | None = None
+    #: The driver binds every value correctly from the value alone, so hot
+    #: statements can run as compiled SQL with pre-processed parameters.
+    direct_execution = True
+    #: What turns a statement into a request for its plan.
+    explain_prefix = "EXPLAIN "
+
+    # Notifications --------------------------------------------------------------
+
+    #: An enqueue can wake listening workers at commit (``NOTIFY``).
+    notify = False
+
+    # Migrations -----------------------------------------------------------------
+
+    #: ALTER TABLE is too limited, so autogenerate must emit batch (copy and move) operations.
+    batch_migrations = False
+
+    # Types ----------------------------------------------------------------------
+
+    #: The database keeps no time zone: the queue stores the UTC wall time and
+    #: marks values read back as UTC.
+    stores_naive_utc = False
+    #: JSON documents are stored as text serialised by the queue, not a native type.
+    json_as_text = False
+
+    def __init__(self, dialect: Dialect) -> None:
+        self.dialect = dialect
+
+    @property
+    def name(self) -> str:
+        """The registry's name for this server: the dialect's, except where one dialect serves two servers."""
+        return str(self.dialect.name)
+
+    @property
+    def server_version(self) -> tuple[int, ...]:
+        """The connected server's version; empty before the engine's first connect."""
+        return tuple(part for part in self.dialect.server_version_info or () if isinstance(part, int))
+
+    @property
+    def update_returning(self) -> bool:
+        """``UPDATE ... RETURNING`` (or Oracle's RETURNING INTO) reads back the rows written."""
+        return bool(self.dialect.update_returning)
+
+    @property
+    def listen(self) -> bool:
+        """Idle workers can wait on ``LISTEN`` for the notifications an enqueue sends."""
+        return False
+
+    @property
+    def advisory_locks(self) -> bool:
+        """Session-level locks on a name or number, held across transactions until released."""
+        return False
+
+    def has_skip_locked(self) -> bool:
+        """SKIP LOCKED works on the connected server (the version is known only after a connect)."""
+        if not self.skip_locked:
+            return False
+        return self.skip_locked_since is None or self.server_version >= self.skip_locked_since
+
+    # Connection setup ---------------------------------------------------------------
+
+    def configure_engine(self, engine: Engine) -> None:
+        """Settings every new connection of ``engine`` gets (events only: nothing connects here)."""
+
+    def prepare_database(self, engine: Engine) -> None:
+        """Database-wide settings the queue relies on, applied on first use of ``engine``."""
+
+    def begin_locking_reads(self, conn: Connection) -> None:
+        """Make the transaction just begun on ``conn`` fit for locking reads that skip locked rows."""
+
+    # Advisory locks -------------------------------------------------------------------
+
+    def advisory_scope(self, engine: Engine, table: Table) -> str:
+        """What an advisory lock name must include to be unique to ``table``."""
+        raise NotImplementedError(f"{self.label} has no advisory locks")
+
+    def try_advisory_lock(self, namespace: int, key: int) -> ColumnElement[Any]:
+        """A call that takes lock ``key`` of ``namespace`` without waiting; true (or 1) if it did."""
+        raise NotImplementedError(f"{self.label} has no advisory locks")
+
+    def advisory_unlock(self, namespace: int, key: int) -> ColumnElement[Any]:
+        """A call that releases lock ``key`` of ``namespace``."""
+        raise NotImplementedError(f"{self.label} has no advisory locks")
+
+    # Types ------------------------------------------------------------------------------
+
+    def datetime_type(self) -> TypeEngine[Any]:
+        """The column type holding an aware UTC datetime with microseconds."""
+        return DateTime(timezone=True)
+
+    def json_type(self) -> TypeEngine[Any]:
+        """The column type holding a JSON document."""
+        return JSON(none_as_null=True)
+
+    def long_text_type(self) -> TypeEngine[Any]:
+        """The column type holding text as long as a traceback may be."""
+        return Text()
+
+
+__all__ = ["Backend"]

@@ -1,0 +1,143 @@
+"""The SQL every claim shares: which rows are due, in what order, what a claim writes and reads back.
+
+Claim statements are built once per shape and run with bound parameters
+(building SQLAlchemy constructs costs more per claim than a round trip does),
+so the values a claim varies are named parameters, filled by
+`ClaimRequest.params`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import BindParameter, ColumnElement, Integer, Select, Table, and_, bindparam, select
+
+from sa_taskqueue.model import TaskStatus, has_status
+
+# The claim's parameters (not column names: those are taken by the SET clause's own).
+LIMIT = "claim_limit"
+NOW = "claim_now"
+WORKER = "claim_worker"
+LEASE_UNTIL = "claim_lease_until"
+QUEUES = "claim_queue"
+
+
+@dataclass(frozen=True)
+class ClaimRequest:
+    """What a claim asks for: how many tasks, from which queues, for whom, and until when."""
+
+    limit: int
+    queues: tuple[str, ...] | None
+    worker_id: str
+    now: datetime
+    lease_until: datetime
+
+    def params(self) -> dict[str, Any]:
+        """The values of the bound parameters that `due_clause` and `claimed_values` leave open."""
+        params: dict[str, Any] = {
+            LIMIT: self.limit,
+            NOW: self.now,
+            WORKER: self.worker_id,
+            LEASE_UNTIL: self.lease_until,
+        }
+        if self.queues is not None:
+            params.update(zip(queue_params(len(self.queues)), self.queues, strict=True))
+        return params
+
+    @property
+    def shape(self) -> tuple[int | None]:
+        """What changes the claim statement's SQL (not just its parameters): how many queues it names."""
+        return (len(self.queues) if self.queues is not None else None,)
+
+
+def queue_params(count: int) -> list[str]:
+    """The parameters holding a claim's queue names: one per name, so that the SQL is fixed per count."""
+    return [f"{QUEUES}_{index}" for index in range(count)]
+
+
+def due_clause(table: Table, request: ClaimRequest) -> ColumnElement[bool]:
+    """Queued, due, and (when asked) in one of the requested queues; values from `ClaimRequest.params`."""
+    clause = and_(
+        has_status(table, TaskStatus.QUEUED),
+        table.c.run_at <= bindparam(NOW, type_=table.c.run_at.type),
+    )
+    if request.queues is not None:
+        names = queue_params(len(request.queues))
+        clause = and_(
+            clause, table.c.queue.in_([bindparam(name, type_=table.c.queue.type) for name in names])
+        )
+    return clause
+
+
+def due_select(table: Table, request: ClaimRequest, *columns: Any) -> Select[Any]:
+    """Due rows in claim order: what every strategy reads to find work (it adds the limit and locks)."""
+    return select(*columns).where(due_clause(table, request)).order_by(*claim_order(table))
+
+
+def limit_param() -> BindParameter[int]:
+    """The claim's row limit, bound at execution."""
+    return bindparam(LIMIT, type_=Integer())
+
+
+def claim_order(table: Table) -> tuple[Any, ...]:
+    """Smaller priority first, then earlier run_at, then older id: the order the claim index holds."""
+    return (table.c.priority, table.c.run_at, table.c.id)
+
+
+def claimed_values(table: Table, request: ClaimRequest) -> dict[str, Any]:
+    """The columns a claim sets, as SQL (attempts is incremented in the database)."""
+    return {
+        "status": TaskStatus.RUNNING,
+        "attempts": table.c.attempts + 1,
+        "started_at": bindparam(NOW, type_=table.c.started_at.type),
+        "locked_by": bindparam(WORKER, type_=table.c.locked_by.type),
+        "locked_until": bindparam(LEASE_UNTIL, type_=table.c.locked_until.type),
+    }
+
+
+#: The columns a claim reads back of each row it takes.  The rest of a claimed
+#: task is what the claim itself wrote, known without asking; and each column
+#: read costs the driver and SQLAlchemy a few microseconds a row.
+READ_BACK = ("id", "name", "queue", "priority", "params", "attempts", "max_attempts", "run_at", "created_at")
+
+
+def read_back(table: Table) -> list[Any]:
+    """The `READ_BACK` columns of ``table``."""
+    return [table.c[name] for name in READ_BACK]
+
+
+def claimed_row(row: Mapping[str, Any], request: ClaimRequest) -> dict[str, Any]:
+    """A row read back after the claim's UPDATE, with the values the claim wrote."""
+    claimed = dict(row)
+    claimed.update(
+        status=TaskStatus.RUNNING,
+        started_at=request.now,
+        locked_by=request.worker_id,
+        locked_until=request.lease_until,
+    )
+    return claimed
+
+
+def apply_claim(row: Mapping[str, Any], request: ClaimRequest) -> dict[str, Any]:
+    """A row read before the claim's UPDATE, as it is after it (for databases without RETURNING)."""
+    claimed = claimed_row(row, request)
+    claimed["attempts"] = row["attempts"] + 1
+    return claimed
+
+
+__all__ = [
+    "READ_BACK",
+    "ClaimRequest",
+    "apply_claim",
+    "claim_order",
+    "claimed_row",
+    "claimed_values",
+    "due_clause",
+    "due_select",
+    "limit_param",
+    "queue_params",
+    "read_back",
+]

@@ -1,0 +1,302 @@
+"""The fenced writes every strategy shares: complete, fail, release, extend, and recovery.
+
+A claim leaves its identity in the row (worker, attempt, start time) and a
+lease (``locked_until``).  Every write out of RUNNING is one UPDATE guarded by
+that identity, and by the lease where the strategy says leases decide, so a
+worker that lost its task (its lease ran out and another worker claimed it)
+writes nothing: its UPDATE matches no row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import (
+    BindParameter,
+    ClauseElement,
+    ColumnElement,
+    Connection,
+    Engine,
+    Table,
+    and_,
+    bindparam,
+    case,
+    literal,
+    or_,
+    select,
+    update,
+)
+
+from sa_taskqueue.backends import backend_for
+from sa_taskqueue.claimed import ClaimedTask
+from sa_taskqueue.model import TaskStatus, has_status
+from sa_taskqueue.types import UTCDateTime
+
+if TYPE_CHECKING:
+    from sa_taskqueue.executor import StatementExecutor
+
+LEASE_EXPIRED_ERROR = "lease expired: the worker holding this task stopped renewing it (crashed or lost)"
+
+#: The most tasks `LeaseWrites.complete_many` writes in one statement
+#: (SQLite limits how deep an expression may nest).
+COMPLETE_MANY_CHUNK = 100
+
+HELD_ID = "held_id"
+HELD_BY = "held_by"
+HELD_ATTEMPTS = "held_attempts"
+HELD_STARTED_AT = "held_started_at"
+HELD_NOW = "held_now"
+
+
+class LeaseWrites:
+    """Guarded writes and lease recovery, run on the strategy's `StatementExecutor`.
+
+    A strategy that says otherwise who holds a task overrides `holds` (and,
+    where its locks need it, `finish`, `complete_many` and `recover`).
+    """
+
+    executor: StatementExecutor
+
+    def holds(self, table: Table) -> ColumnElement[bool]:
+        """The condition under which a claim still owns its row: same claim, lease not over.
+
+        Its values come from `held_params`.
+        """
+        return and_(
+            same_claim(table), table.c.locked_until > bindparam(HELD_NOW, type_=table.c.locked_until.type)
+        )
+
+    def finish(
+        self, engine: Engine, table: Table, task: ClaimedTask, values: Mapping[str, Any], now: datetime
+    ) -> bool:
+        """Write ``values`` to the task if ``task``'s claim still holds it; True if it did.
+
+        Used for every transition out of RUNNING (completed, failed, retried,
+        given back), so one ownership test guards them all.
+        """
+        with self.executor.single_statement(engine) as conn:
+            return self.write_if_held(conn, table, task, values, now)
+
+    def write_if_held(
+        self, conn: Connection, table: Table, task: ClaimedTask, values: Mapping[str, Any], now: datetime
+    ) -> bool:
+        """Run the guarded UPDATE of `finish_statement` on ``conn``; True if it wrote the row."""
+        params = held_params(task, now)
+        if any(isinstance(value, ClauseElement) for value in values.values()):
+            # Values holding SQL (release's ``attempts - 1``) are rare: built each time.
+            statement = update(table).where(self.holds(table)).values(**values)
+            return conn.execute(statement, params).rowcount == 1
+        names = tuple(sorted(values))
+        prepared = self.executor.prepared(
+            ("finish", names),
+            conn.dialect,
+            table,
+            lambda: (
+                update(table)
+                .where(self.holds(table))
+                .values({name: bindparam(f"set_{name}", type_=table.c[name].type) for name in names})
+            ),
+        )
+        params.update({f"set_{name}": value for name, value in values.items()})
+        return prepared.execute(conn, params).rowcount == 1
+
+    def complete_many(
+        self,
+        engine: Engine,
+        table: Table,
+        tasks: Sequence[ClaimedTask],
+        results: Sequence[Any],
+        now: datetime,
+    ) -> set[int]:
+        """Mark each task still held COMPLETED with its result, in one statement; return the ids written.
+
+        Row by row under the same guard as `finish`: a task whose claim no
+        longer holds it is left alone and its id not returned.  At most
+        `COMPLETE_MANY_CHUNK` tasks go in one statement.
+        """
+        if len(tasks) > COMPLETE_MANY_CHUNK:
+            done: set[int] = set()
+            for start in range(0, len(tasks), COMPLETE_MANY_CHUNK):
+                chunk = slice(start, start + COMPLETE_MANY_CHUNK)
+                done |= self.complete_many(engine, table, tasks[chunk], results[chunk], now)
+            return done
+        count = len(tasks)
+        with_results = any(result is not None for result in results)
+        returning = backend_for(engine.dialect).update_returning
+        statement = self.executor.prepared(
+            ("complete_many", count, with_results),
+            engine.dialect,
+            table,
+            lambda: complete_many_statement(table, count, with_results, returning=returning),
+        )
+        params: dict[str, Any] = {HELD_NOW: now, "finished_now": now}
+        for index, (task, result) in enumerate(zip(tasks, results, strict=True)):
+            params.update(held_params(task, suffix=f"_{index}"))
+            if with_results:
+                params[f"result_{index}"] = result
+        with self.executor.single_statement(engine) as conn:
+            written = statement.execute(conn, params)
+            if returning:
+                return {row[0] for row in written}
+            if written.rowcount == count:
+                return {task.id for task in tasks}
+            # Without RETURNING, and some rows not ours any more: the rows
+            # this statement wrote are those completed at exactly ``now``.
+            rows = conn.execute(
+                select(table.c.id).where(
+                    table.c.id.in_([task.id for task in tasks]),
+                    has_status(table, TaskStatus.COMPLETED),
+                    table.c.finished_at == now,
+                )
+            )
+            return set(rows.scalars())
+
+    def extend(
+        self, engine: Engine, table: Table, tasks: Sequence[ClaimedTask], until: datetime, now: datetime
+    ) -> set[int]:
+        """Move the lease of each still-held task in ``tasks`` to ``until``; return the ids extended."""
+        extend = self.executor.prepared(
+            ("extend",),
+            engine.dialect,
+            table,
+            lambda: (
+                update(table)
+                .where(self.holds(table))
+                .values(locked_until=bindparam("new_lease_until", type_=table.c.locked_until.type))
+            ),
+        )
+        extended: set[int] = set()
+        with self.transaction(engine) as conn:
+            for task in tasks:
+                result = extend.execute(conn, {**held_params(task, now), "new_lease_until": until})
+                if result.rowcount == 1:
+                    extended.add(task.id)
+        return extended
+
+    def recover(self, engine: Engine, table: Table, now: datetime) -> int:
+        """Give back tasks whose worker is gone; return how many.
+
+        Here that means running tasks whose lease ended before ``now``: they go
+        back to QUEUED, or to FAILED when they have used all their attempts
+        (the lost run counted as one).
+        """
+        with self.transaction(engine) as conn:
+            expired = select(table.c.id).where(
+                has_status(table, TaskStatus.RUNNING), table.c.locked_until < now
+            )
+            ids = list(conn.scalars(self.lock_rows(conn, expired)))
+            if not ids:
+                return 0
+            result = conn.execute(
+                update(table)
+                .where(
+                    table.c.id.in_(ids),
+                    has_status(table, TaskStatus.RUNNING),
+                    table.c.locked_until < now,
+                )
+                .values(**orphan_values(table, now, LEASE_EXPIRED_ERROR))
+            )
+            return result.rowcount
+
+    def transaction(self, engine: Engine) -> AbstractContextManager[Connection]:
+        """A connection in a transaction that commits on success and rolls back on error."""
+        return self.executor.transaction(engine)
+
+    def lock_rows(self, conn: Connection, query: Any) -> Any:
+        """Turn a SELECT of rows this transaction will update into one safe to run concurrently."""
+        return query
+
+
+def same_claim(table: Table) -> ColumnElement[bool]:
+    """The row is still running under the claim bound by `held_params`."""
+    return and_(claim_identity(table), has_status(table, TaskStatus.RUNNING))
+
+
+def claim_identity(table: Table, suffix: str = "") -> ColumnElement[bool]:
+    """The row carries the `ClaimedTask.claim_key` bound by `held_params` (names ending in ``suffix``)."""
+
+    def held(name: str, column: str) -> BindParameter[Any]:
+        return bindparam(f"{name}{suffix}", type_=table.c[column].type)
+
+    return and_(
+        table.c.id == held(HELD_ID, "id"),
+        table.c.locked_by == held(HELD_BY, "locked_by"),
+        table.c.attempts == held(HELD_ATTEMPTS, "attempts"),
+        table.c.started_at == held(HELD_STARTED_AT, "started_at"),
+    )
+
+
+def held_params(task: ClaimedTask, now: datetime | None = None, *, suffix: str = "") -> dict[str, Any]:
+    """The values for `same_claim` (the task's `ClaimedTask.claim_key`) and, given ``now``, the lease test."""
+    task_id, locked_by, attempts, started_at = task.claim_key
+    params = {
+        f"{HELD_ID}{suffix}": task_id,
+        f"{HELD_BY}{suffix}": locked_by,
+        f"{HELD_ATTEMPTS}{suffix}": attempts,
+        f"{HELD_STARTED_AT}{suffix}": started_at,
+    }
+    if now is not None:
+        params[HELD_NOW] = now
+    return params
+
+
+def complete_many_statement(table: Table, count: int, with_results: bool, *, returning: bool) -> Any:
+    """The UPDATE completing ``count`` held tasks at once, each under its own claim test.
+
+    Its parameters are `held_params` names suffixed ``_0`` .. ``_{count-1}``,
+    ``held_now``, ``finished_now`` and, ``with_results``, ``result_0`` ...
+    """
+    held = or_(*(claim_identity(table, f"_{index}") for index in range(count)))
+    result: Any = None
+    if with_results:
+        result = case(
+            *(
+                (
+                    table.c.id == bindparam(f"{HELD_ID}_{index}", type_=table.c.id.type),
+                    bindparam(f"result_{index}", type_=table.c.result.type),
+                )
+                for index in range(count)
+            ),
+            else_=None,
+        )
+    statement = (
+        update(table)
+        .where(
+            has_status(table, TaskStatus.RUNNING),
+            table.c.locked_until > bindparam(HELD_NOW, type_=table.c.locked_until.type),
+            held,
+        )
+        .values(
+            status=TaskStatus.COMPLETED,
+            finished_at=bindparam("finished_now", type_=table.c.finished_at.type),
+            locked_until=None,
+            result=result,
+        )
+    )
+    return statement.returning(table.c.id) if returning else statement
+
+
+def orphan_values(table: Table, now: datetime, reason: str) -> dict[str, Any]:
+    """A running task whose worker is gone: back to queued, or failed if out of attempts."""
+    out_of_attempts = table.c.attempts >= table.c.max_attempts
+    return {
+        "status": case((out_of_attempts, TaskStatus.FAILED.value), else_=TaskStatus.QUEUED.value),
+        "finished_at": case((out_of_attempts, literal(now, UTCDateTime())), else_=None),
+        "last_error": reason,
+        "locked_until": None,
+    }
+
+
+__all__ = [
+    "COMPLETE_MANY_CHUNK",
+    "LEASE_EXPIRED_ERROR",
+    "LeaseWrites",
+    "claim_identity",
+    "complete_many_statement",
+    "held_params",
+    "orphan_values",
+    "same_claim",
+]
