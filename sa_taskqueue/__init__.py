@@ -7,9 +7,10 @@ run ``queue.run_worker()``.
 
 from __future__ import annotations
 
-from sa_taskqueue import strategies
+from sa_taskqueue import backends, strategies
 from sa_taskqueue.claimed import ClaimedTask
 from sa_taskqueue.exceptions import (
+    DatabaseError,
     DatabaseUnavailable,
     SchemaMissing,
     StrategyError,
@@ -26,6 +27,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Base",
     "ClaimedTask",
+    "DatabaseError",
     "DatabaseUnavailable",
     "RegisteredTask",
     "SchemaMissing",
@@ -37,6 +39,7 @@ __all__ = [
     "TaskQueueError",
     "TaskStatus",
     "Worker",
+    "backends",
     "metadata",
     "strategies",
 ]
