@@ -13,22 +13,24 @@ import json
 import os
 import platform
 import statistics
-import sys
 import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from benchmarks.backends import backend
+from benchmarks.backends import BenchBackend, backend
 from benchmarks.depth import claim_latencies, claim_plan
-from benchmarks.drain import drain
+from benchmarks.drain import DrainResult, drain
 from benchmarks.enqueue import enqueue_rate
 from benchmarks.latency import percentiles, pickup_latency
 from benchmarks.peers import IMPLEMENTATIONS, PEERS, missing_peers, worker_drain
 
 RESULTS = Path("benchmarks/results")
+SECTIONS = ("drain", "enqueue", "latency", "peers", "depth")
 
 
 def spread(values: list[float]) -> dict[str, float]:
@@ -37,6 +39,11 @@ def spread(values: list[float]) -> dict[str, float]:
 
 def fmt(figure: dict[str, float]) -> str:
     return f"{figure['median']:,.0f} ({figure['min']:,.0f}-{figure['max']:,.0f})"
+
+
+def yes_no(once: bool) -> str:
+    """The "exactly once" cell: a failure is shouted, so it is not read past."""
+    return "yes" if once else "NO"
 
 
 def machine() -> dict[str, Any]:
@@ -54,7 +61,8 @@ def machine() -> dict[str, Any]:
     }
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, kept apart so each section reads plain values rather than argparse calls."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     parser.add_argument("--backends", default="postgres,mariadb,sqlite")
     parser.add_argument(
@@ -67,174 +75,266 @@ def main() -> None:
     parser.add_argument("--latency-samples", type=int, default=40)
     parser.add_argument("--depths", default="0,100000,1000000", help="finished rows (SQLite stops at 100000)")
     parser.add_argument("--peer-tasks", type=int, default=1000, help="tasks per worker-against-worker run")
-    parser.add_argument("--sections", default="drain,enqueue,latency,peers,depth")
+    parser.add_argument("--sections", default=",".join(SECTIONS))
     parser.add_argument("--json", default=str(RESULTS / "latest.json"))
-    args = parser.parse_args()
+    return parser.parse_args(argv)
 
-    console = Console()
-    sections = set(args.sections.split(","))
-    backends = [backend(name) for name in args.backends.split(",")]
-    workers = [int(w) for w in args.workers.split(",")]
-    batches = [int(b) for b in args.batches.split(",")]
-    results: dict[str, Any] = {
-        "machine": machine(),
-        "drain": [],
-        "enqueue": [],
-        "latency": [],
-        "peers": [],
-        "depth": [],
+
+@dataclass(frozen=True)
+class Run:
+    """What every section needs: the options, with the comma lists split once, and where to print."""
+
+    args: argparse.Namespace
+    backends: list[BenchBackend]
+    workers: list[int]
+    batches: list[int]
+    console: Console
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> Run:
+        return cls(
+            args=args,
+            backends=[backend(name) for name in args.backends.split(",")],
+            workers=[int(w) for w in args.workers.split(",")],
+            batches=[int(b) for b in args.batches.split(",")],
+            console=Console(),
+        )
+
+
+def new_table(title: str, columns: Iterable[str]) -> Table:
+    """A table whose columns are all right-aligned, since nearly every cell is a number."""
+    table = Table(title=title)
+    for column in columns:
+        table.add_column(column, justify="right")
+    return table
+
+
+def repeated_drains(
+    run_one: Callable[[str], DrainResult], implementations: Iterable[str], repeats: int
+) -> tuple[dict[str, list[float]], bool]:
+    """Each implementation's rate per repeat, and whether every run ran every task exactly once.
+
+    The implementations take turns within a repeat, so a drift in the server
+    over the run (autovacuum, cache warming) falls on all of them alike.
+    """
+    names = tuple(implementations)
+    rates: dict[str, list[float]] = {name: [] for name in names}
+    once = True
+    for _ in range(repeats):
+        for name in names:
+            result = run_one(name)
+            rates[name].append(result.rate)
+            once = once and result.exactly_once
+    return rates, once
+
+
+def drain_row(run: Run, target: BenchBackend, w: int, b: int) -> dict[str, Any]:
+    """One backend/W/B cell of the drain table: sa_taskqueue against the raw driver's claim loop."""
+    rates, once = repeated_drains(
+        lambda implementation: drain(implementation, target.url, run.args.tasks, w, b),
+        ("sa_taskqueue", "raw"),
+        run.args.repeats,
+    )
+    ours, raw = rates["sa_taskqueue"], rates["raw"]
+    return {
+        "backend": target.name,
+        "workers": w,
+        "batch": b,
+        "sa_taskqueue": spread(ours),
+        "raw": spread(raw),
+        "ratio": statistics.median(ours) / statistics.median(raw),
+        "exactly_once": once,
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
-    console.print(f"machine: {results['machine']}")
 
-    if "drain" in sections:
-        table = Table(
-            title=f"drain throughput, tasks/s, {args.tasks} no-op tasks, median (min-max) of {args.repeats}"
-        )
-        for column in ("backend", "W", "B", "sa_taskqueue", "raw driver", "ratio", "exactly once"):
-            table.add_column(column, justify="right")
-        for target in backends:
-            for w in workers:
-                for b in batches:
-                    ours, raw, once = [], [], True
-                    for _ in range(args.repeats):
-                        for implementation, sink in (("sa_taskqueue", ours), ("raw", raw)):
-                            run = drain(implementation, target.url, args.tasks, w, b)
-                            sink.append(run.rate)
-                            once = once and run.exactly_once
-                    row = {
-                        "backend": target.name,
-                        "workers": w,
-                        "batch": b,
-                        "sa_taskqueue": spread(ours),
-                        "raw": spread(raw),
-                        "ratio": statistics.median(ours) / statistics.median(raw),
-                        "exactly_once": once,
-                    }
-                    results["drain"].append(row)
-                    table.add_row(
-                        target.name,
-                        str(w),
-                        str(b),
-                        fmt(row["sa_taskqueue"]),
-                        fmt(row["raw"]),
-                        f"{row['ratio']:.0%}",
-                        "yes" if once else "NO",
-                    )
-        console.print(table)
 
-    if "enqueue" in sections:
-        table = Table(title=f"enqueue throughput, tasks/s, {args.enqueue_tasks} tasks, one commit")
-        for column in ("backend", "enqueue() loop", "enqueue_many()", "raw executemany", "bulk / raw"):
-            table.add_column(column, justify="right")
-        for target in backends:
-            figures = {
-                method: spread(
-                    [enqueue_rate(method, target.url, args.enqueue_tasks) for _ in range(args.repeats)]
-                )
-                for method in ("enqueue", "enqueue_many", "raw")
-            }
-            ratio = figures["enqueue_many"]["median"] / figures["raw"]["median"]
-            results["enqueue"].append({"backend": target.name, **figures, "bulk_ratio": ratio})
-            table.add_row(
-                target.name,
-                fmt(figures["enqueue"]),
-                fmt(figures["enqueue_many"]),
-                fmt(figures["raw"]),
-                f"{ratio:.0%}",
-            )
-        console.print(table)
-
-    if "latency" in sections:
-        table = Table(
-            title=f"pickup latency, ms from commit() to the task's first line, {args.latency_samples} samples"
-        )
-        for column in ("backend", "wake-up", "p50", "p95", "p99"):
-            table.add_column(column, justify="right")
-        for target in backends:
-            modes = (
-                [("LISTEN/NOTIFY", True), ("polling (1 s max)", False)]
-                if target.name == "postgres"
-                else [("polling (1 s max)", False)]
-            )
-            for label, listen in modes:
-                figure = percentiles(pickup_latency(target.url, listen, args.latency_samples))
-                results["latency"].append({"backend": target.name, "mode": label, **figure})
-                table.add_row(target.name, label, *(f"{figure[k]:.1f}" for k in ("p50", "p95", "p99")))
-        console.print(table)
-
-    if "peers" in sections:
-        absent = missing_peers()
-        postgres = [target for target in backends if target.name == "postgres"]
-        if absent:
-            console.print(f"peers: left out, not installed: {', '.join(absent)} (install '.[bench-peers]')")
-        elif postgres:
-            table = Table(
-                title=f"worker drain on PostgreSQL, tasks/s, {args.peer_tasks} no-op tasks, "
-                f"median (min-max) of {args.repeats}"
-            )
-            for column in ("W", "B", *IMPLEMENTATIONS, "sa_taskqueue vs best peer", "exactly once"):
-                table.add_column(column, justify="right")
-            for w in workers:
-                for b in batches:
-                    rates: dict[str, list[float]] = {name: [] for name in IMPLEMENTATIONS}
-                    once = True
-                    for _ in range(args.repeats):
-                        for name in IMPLEMENTATIONS:
-                            run = worker_drain(name, postgres[0].url, args.peer_tasks, w, b)
-                            rates[name].append(run.rate)
-                            once = once and run.exactly_once
-                    figures = {name: spread(values) for name, values in rates.items()}
-                    best_peer = max(figures[name]["median"] for name in PEERS)
-                    lead = figures["sa_taskqueue"]["median"] / best_peer
-                    results["peers"].append(
-                        {"workers": w, "batch": b, **figures, "vs_best_peer": lead, "exactly_once": once}
-                    )
-                    table.add_row(
-                        str(w),
-                        str(b),
-                        *(fmt(figures[name]) for name in IMPLEMENTATIONS),
-                        f"{lead:.2f}x",
-                        "yes" if once else "NO",
-                    )
-            console.print(table)
-
-    if "depth" in sections:
-        table = Table(title="claim+complete latency, ms per batch of 10, W=4, 10,000 queued tasks")
-        for column in ("backend", "finished rows", "p50", "p99", "p50 vs 0 rows"):
-            table.add_column(column, justify="right")
-        plans: dict[str, str] = {}
-        for target in backends:
-            base = None
-            for depth in (int(d) for d in args.depths.split(",")):
-                if target.name == "sqlite" and depth > 100_000:
-                    continue
-                figure = percentiles(claim_latencies(target.url, depth))
-                base = base or figure["p50"]
-                results["depth"].append(
-                    {"backend": target.name, "finished": depth, **figure, "p50_ratio": figure["p50"] / base}
-                )
+def drain_section(run: Run) -> dict[str, Any]:
+    """Drain throughput for every backend, worker count and batch size: the library's cost over raw SQL."""
+    args = run.args
+    table = new_table(
+        f"drain throughput, tasks/s, {args.tasks} no-op tasks, median (min-max) of {args.repeats}",
+        ("backend", "W", "B", "sa_taskqueue", "raw driver", "ratio", "exactly once"),
+    )
+    rows = []
+    for target in run.backends:
+        for w in run.workers:
+            for b in run.batches:
+                row = drain_row(run, target, w, b)
+                rows.append(row)
                 table.add_row(
                     target.name,
-                    f"{depth:,}",
-                    f"{figure['p50']:.2f}",
-                    f"{figure['p99']:.2f}",
-                    f"{figure['p50'] / base:.2f}x",
+                    str(w),
+                    str(b),
+                    fmt(row["sa_taskqueue"]),
+                    fmt(row["raw"]),
+                    f"{row['ratio']:.0%}",
+                    yes_no(row["exactly_once"]),
                 )
-            plans[target.name] = claim_plan(target.url)
-        results["plans"] = plans
-        console.print(table)
-        for name, plan in plans.items():
-            console.print(
-                f"[bold]EXPLAIN of the claim on {name}[/bold] (with the last depth's rows in the table)"
-            )
-            console.print(plan, markup=False, highlight=False)
+    run.console.print(table)
+    return {"drain": rows}
 
+
+def enqueue_section(run: Run) -> dict[str, Any]:
+    """Enqueue throughput in one commit: enqueue() one by one, enqueue_many(), and a raw executemany."""
+    args = run.args
+    table = new_table(
+        f"enqueue throughput, tasks/s, {args.enqueue_tasks} tasks, one commit",
+        ("backend", "enqueue() loop", "enqueue_many()", "raw executemany", "bulk / raw"),
+    )
+    rows = []
+    for target in run.backends:
+        figures = {
+            method: spread(
+                [enqueue_rate(method, target.url, args.enqueue_tasks) for _ in range(args.repeats)]
+            )
+            for method in ("enqueue", "enqueue_many", "raw")
+        }
+        ratio = figures["enqueue_many"]["median"] / figures["raw"]["median"]
+        rows.append({"backend": target.name, **figures, "bulk_ratio": ratio})
+        table.add_row(
+            target.name,
+            fmt(figures["enqueue"]),
+            fmt(figures["enqueue_many"]),
+            fmt(figures["raw"]),
+            f"{ratio:.0%}",
+        )
+    run.console.print(table)
+    return {"enqueue": rows}
+
+
+def latency_modes(target: BenchBackend) -> list[tuple[str, bool]]:
+    """How a worker learns of new work there: only PostgreSQL has LISTEN/NOTIFY besides polling."""
+    polling = ("polling (1 s max)", False)
+    return [("LISTEN/NOTIFY", True), polling] if target.name == "postgres" else [polling]
+
+
+def latency_section(run: Run) -> dict[str, Any]:
+    """Pickup latency from commit() to the task's first line, per backend and wake-up mode."""
+    samples = run.args.latency_samples
+    table = new_table(
+        f"pickup latency, ms from commit() to the task's first line, {samples} samples",
+        ("backend", "wake-up", "p50", "p95", "p99"),
+    )
+    rows = []
+    for target in run.backends:
+        for label, listen in latency_modes(target):
+            figure = percentiles(pickup_latency(target.url, listen, samples))
+            rows.append({"backend": target.name, "mode": label, **figure})
+            table.add_row(target.name, label, *(f"{figure[k]:.1f}" for k in ("p50", "p95", "p99")))
+    run.console.print(table)
+    return {"latency": rows}
+
+
+def peers_row(run: Run, url: str, w: int, b: int) -> dict[str, Any]:
+    """One W/B cell of the peers table: every implementation's drain, and ours against the best peer."""
+    rates, once = repeated_drains(
+        lambda name: worker_drain(name, url, run.args.peer_tasks, w, b), IMPLEMENTATIONS, run.args.repeats
+    )
+    figures = {name: spread(values) for name, values in rates.items()}
+    best_peer = max(figures[name]["median"] for name in PEERS)
+    lead = figures["sa_taskqueue"]["median"] / best_peer
+    return {"workers": w, "batch": b, **figures, "vs_best_peer": lead, "exactly_once": once}
+
+
+def peers_section(run: Run) -> dict[str, Any]:
+    """Worker against worker on PostgreSQL; left out, with a note, where a peer is not installed."""
+    absent = missing_peers()
+    postgres = [target for target in run.backends if target.name == "postgres"]
+    if absent:
+        run.console.print(f"peers: left out, not installed: {', '.join(absent)} (install '.[bench-peers]')")
+        return {}
+    if not postgres:
+        return {}
+    args = run.args
+    table = new_table(
+        f"worker drain on PostgreSQL, tasks/s, {args.peer_tasks} no-op tasks, "
+        f"median (min-max) of {args.repeats}",
+        ("W", "B", *IMPLEMENTATIONS, "sa_taskqueue vs best peer", "exactly once"),
+    )
+    rows = []
+    for w in run.workers:
+        for b in run.batches:
+            row = peers_row(run, postgres[0].url, w, b)
+            rows.append(row)
+            table.add_row(
+                str(w),
+                str(b),
+                *(fmt(row[name]) for name in IMPLEMENTATIONS),
+                f"{row['vs_best_peer']:.2f}x",
+                yes_no(row["exactly_once"]),
+            )
+    run.console.print(table)
+    return {"peers": rows}
+
+
+def depth_rows(run: Run, target: BenchBackend, table: Table) -> list[dict[str, Any]]:
+    """One backend's claim latency at each depth, each p50 also as a multiple of the first depth's."""
+    rows = []
+    base = None
+    for depth in (int(d) for d in run.args.depths.split(",")):
+        if target.name == "sqlite" and depth > 100_000:
+            continue
+        figure = percentiles(claim_latencies(target.url, depth))
+        base = base or figure["p50"]
+        rows.append({"backend": target.name, "finished": depth, **figure, "p50_ratio": figure["p50"] / base})
+        table.add_row(
+            target.name,
+            f"{depth:,}",
+            f"{figure['p50']:.2f}",
+            f"{figure['p99']:.2f}",
+            f"{figure['p50'] / base:.2f}x",
+        )
+    return rows
+
+
+def depth_section(run: Run) -> dict[str, Any]:
+    """Claim latency as finished rows pile up, and the claim's plan, to show the index keeps it flat."""
+    table = new_table(
+        "claim+complete latency, ms per batch of 10, W=4, 10,000 queued tasks",
+        ("backend", "finished rows", "p50", "p99", "p50 vs 0 rows"),
+    )
+    rows = []
+    plans: dict[str, str] = {}
+    for target in run.backends:
+        rows.extend(depth_rows(run, target, table))
+        plans[target.name] = claim_plan(target.url)
+    run.console.print(table)
+    for name, plan in plans.items():
+        run.console.print(
+            f"[bold]EXPLAIN of the claim on {name}[/bold] (with the last depth's rows in the table)"
+        )
+        run.console.print(plan, markup=False, highlight=False)
+    return {"depth": rows, "plans": plans}
+
+
+SECTION_RUNNERS: dict[str, Callable[[Run], dict[str, Any]]] = {
+    "drain": drain_section,
+    "enqueue": enqueue_section,
+    "latency": latency_section,
+    "peers": peers_section,
+    "depth": depth_section,
+}
+
+
+def write_results(run: Run, results: dict[str, Any], started: float) -> None:
+    """Stamp the run's duration and write the JSON, so a run can be compared with a later one."""
     results["seconds"] = time.perf_counter() - started
-    Path(args.json).write_text(json.dumps(results, indent=2, default=str))
-    console.print(f"done in {results['seconds']:.0f}s; results in {args.json}")
+    Path(run.args.json).write_text(json.dumps(results, indent=2, default=str))
+    run.console.print(f"done in {results['seconds']:.0f}s; results in {run.args.json}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the chosen sections in a fixed order; every section key is in the JSON, empty when not run."""
+    run = Run.from_args(parse_args(argv))
+    sections = set(run.args.sections.split(","))
+    results: dict[str, Any] = {"machine": machine(), **{name: [] for name in SECTIONS}}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    run.console.print(f"machine: {results['machine']}")
+    for name, section in SECTION_RUNNERS.items():
+        if name in sections:
+            results.update(section(run))
+    write_results(run, results, started)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
