@@ -11,15 +11,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
-from datetime import timedelta
+from collections.abc import Callable
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import sqlalchemy as sa
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 import sa_taskqueue as tq
+from sa_taskqueue.types import utcnow
+from tests.helpers import wait_until
 
 
 class AppBase(DeclarativeBase):
@@ -41,9 +43,11 @@ def make_engine(url: str) -> sa.Engine:
     return sa.create_engine(url, pool_size=10, max_overflow=20)
 
 
-def make_queue(engine: sa.Engine, strategy: str | None, lease: timedelta) -> tq.TaskQueue:
-    """The test application's queue with its tasks registered."""
-    queue = tq.TaskQueue(engine, strategy=strategy, lease=lease)
+def make_queue(
+    engine: sa.Engine, strategy: str | None, lease: timedelta, clock: Callable[[], datetime] = utcnow
+) -> tq.TaskQueue:
+    """The test application's queue with its tasks registered, reading the time from ``clock``."""
+    queue = tq.TaskQueue(engine, strategy=strategy, lease=lease, clock=clock)
 
     @queue.task(name="record")
     def record(key: int, sleep: float = 0.0) -> int:
@@ -88,23 +92,30 @@ def executions(engine: sa.Engine) -> dict[int, int]:
     return dict(rows)  # type: ignore[arg-type]
 
 
+def _queued(engine: sa.Engine) -> int:
+    with engine.connect() as conn:
+        return conn.execute(
+            sa.select(sa.func.count()).select_from(tq.Task).where(tq.Task.status == tq.TaskStatus.QUEUED)
+        ).scalar_one()
+
+
 def _race(args: argparse.Namespace) -> None:
-    """Claim and run until the queue is empty, after the start signal; print what we ran."""
+    """Claim and run until no task is left queued, after the start signal; print what we ran."""
     engine = make_engine(args.url)
     queue = make_queue(engine, args.strategy, timedelta(seconds=args.lease))
     queue.strategy  # noqa: B018 - connect and resolve before the start line
     Path(args.ready).touch()
-    while not Path(args.go).exists():
-        time.sleep(0.01)
+    wait_until(Path(args.go).exists, 300, "the start signal", every=0.01)
     ran = 0
-    empty = 0
-    while empty < 3:
+    # An empty claim may only mean that rivals held the rows it looked at; we
+    # are done when none is left to claim (the lease outlasts the race, so
+    # no running task comes back).
+    while True:
         claimed = queue.claim(limit=args.batch)
         if not claimed:
-            empty += 1
-            time.sleep(0.05)
+            if _queued(engine) == 0:
+                break
             continue
-        empty = 0
         for task in claimed:
             registered = queue.registered(task.name)
             assert registered is not None
@@ -120,18 +131,18 @@ def _run_one(args: argparse.Namespace) -> None:
     """Claim one task and run it (the crash test kills us in the middle)."""
     engine = make_engine(args.url)
     queue = make_queue(engine, args.strategy, timedelta(seconds=args.lease))
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        claimed = queue.claim(limit=1)
-        if claimed:
-            task = claimed[0]
-            registered = queue.registered(task.name)
-            assert registered is not None
-            registered.func(**task.params)
-            queue.complete(task)
-            return
-        time.sleep(0.05)
-    sys.exit("nothing to claim")
+    claimed: list[tq.ClaimedTask] = []
+
+    def claimed_one() -> bool:
+        claimed.extend(queue.claim(limit=1))
+        return bool(claimed)
+
+    wait_until(claimed_one, 30, "a task to claim")
+    task = claimed[0]
+    registered = queue.registered(task.name)
+    assert registered is not None
+    registered.func(**task.params)
+    queue.complete(task)
 
 
 def main() -> None:

@@ -5,14 +5,18 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
+from datetime import datetime, timedelta
 from pathlib import Path
+from typing import IO
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 import sa_taskqueue as tq
+from sa_taskqueue.types import utcnow
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -45,14 +49,84 @@ def start_cli(*args: str, url: str, **extra: str) -> subprocess.Popen[str]:
     )
 
 
-def wait_until(condition: Callable[[], object], seconds: float, what: str) -> None:
-    """Poll ``condition`` until it is truthy, for at most ``seconds``."""
+def wait_until(condition: Callable[[], object], seconds: float, what: str, every: float = 0.05) -> None:
+    """Poll ``condition`` every ``every`` seconds until it is truthy, for at most ``seconds``."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if condition():
             return
-        time.sleep(0.05)
+        time.sleep(every)
     raise AssertionError(f"timed out after {seconds}s waiting for {what}")
+
+
+class MovableClock:
+    """A clock that stands still until the test moves it; pass ``clock.now`` as a queue's ``clock``.
+
+    Queues sharing one see the same time, so a test can let a lease run out,
+    or a retry come due, without waiting for it.
+    """
+
+    def __init__(self, start: datetime | None = None) -> None:
+        start = utcnow() if start is None else start
+        if start.utcoffset() is None:
+            raise ValueError(f"start must be timezone-aware, got {start!r}")
+        self._now = start
+        self._lock = threading.Lock()
+
+    def now(self) -> datetime:
+        with self._lock:
+            return self._now
+
+    def advance(self, delta: timedelta) -> datetime:
+        """Move the time forward by ``delta``; return the new time."""
+        if delta < timedelta(0):
+            raise ValueError(f"a clock does not go back: {delta!r}")
+        with self._lock:
+            self._now += delta
+            return self._now
+
+
+class StreamLines:
+    """The lines a subprocess writes to one pipe, collected by a thread as they come.
+
+    For waiting on what a running process logs without a sleep: ``wait_for``
+    polls the lines read so far.
+    """
+
+    def __init__(self, stream: IO[str] | None) -> None:
+        assert stream is not None, "the pipe was not opened"
+        self._lines: list[str] = []
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _read(self, stream: IO[str]) -> None:
+        with stream:
+            for line in iter(stream.readline, ""):
+                with self._lock:
+                    self._lines.append(line)
+
+    @property
+    def lines(self) -> list[str]:
+        with self._lock:
+            return list(self._lines)
+
+    def wait_for(self, wanted: Callable[[str], object], seconds: float, what: str) -> str:
+        """The first line for which ``wanted`` is truthy, waiting for it at most ``seconds``."""
+        found: list[str] = []
+
+        def seen() -> bool:
+            found.extend(line for line in self.lines if wanted(line))
+            return bool(found)
+
+        wait_until(seen, seconds, what)
+        return found[0]
+
+    def text(self, timeout: float = 30) -> str:
+        """Everything written, once the pipe is closed (the process has exited)."""
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), "the process still holds its pipe open"
+        return "".join(self.lines)
 
 
 def task_rows(engine: sa.Engine) -> list[tq.Task]:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import time
-from datetime import UTC, datetime, timedelta
+from collections.abc import Iterator
+from datetime import timedelta
 
 import pytest
 import sqlalchemy as sa
@@ -11,7 +11,37 @@ from sqlalchemy.orm import Session
 
 import sa_taskqueue as tq
 from tests.app import make_queue
-from tests.helpers import task_row
+from tests.helpers import MovableClock, task_row
+
+#: The smallest step a stored time takes.
+TICK = timedelta(microseconds=1)
+
+
+@pytest.fixture
+def clock() -> MovableClock:
+    return MovableClock()
+
+
+@pytest.fixture
+def clocked_queue(
+    engine: sa.Engine, strategy_name: str, lease: timedelta, clock: MovableClock
+) -> Iterator[tq.TaskQueue]:
+    """The test application's queue on ``clock``: time passes for it only when the test moves the clock."""
+    queue = make_queue(engine, strategy_name, lease, clock.now)
+    yield queue
+    queue.close()
+
+
+def let_the_claim_go(queue: tq.TaskQueue, clock: MovableClock, strategy_name: str, lease: timedelta) -> None:
+    """Move ``clock`` far enough for ``queue``'s next claim to give back a task whose holder is gone.
+
+    That claim's recovery pass does it, and recovery runs at most once per
+    recovery interval on the same clock.  The lease strategies must also see
+    the lease run out; an advisory task is held by its lock, not its lease, so
+    there the interval alone.
+    """
+    interval = queue.strategy.recovery_interval(lease)
+    clock.advance(interval if strategy_name == "advisory_lock" else lease + interval)
 
 
 def enqueue(task_queue: tq.TaskQueue, engine: sa.Engine, count: int, **options: object) -> list[int]:
@@ -21,38 +51,31 @@ def enqueue(task_queue: tq.TaskQueue, engine: sa.Engine, count: int, **options: 
         return [task.id for task in tasks]
 
 
-def wait_for_claim(queue: tq.TaskQueue, seconds: float, **kwargs: object) -> list[tq.ClaimedTask]:
-    """Claim until something comes back, for at most ``seconds``."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        claimed = queue.claim(**kwargs)  # type: ignore[arg-type]
-        if claimed:
-            return claimed
-        time.sleep(0.05)
-    return []
-
-
-def test_claim_marks_the_task_running_under_a_lease(queue: tq.TaskQueue, engine: sa.Engine) -> None:
+def test_claim_marks_the_task_running_under_a_lease(
+    clocked_queue: tq.TaskQueue, engine: sa.Engine, clock: MovableClock
+) -> None:
+    queue = clocked_queue
     [task_id] = enqueue(queue, engine, 1)
-    before = datetime.now(UTC)
+    claimed_at = clock.advance(timedelta(seconds=3))
     [claimed] = queue.claim(worker_id="worker-a")
     assert isinstance(claimed, tq.ClaimedTask)
     assert (claimed.id, claimed.name, claimed.params, claimed.attempts) == (task_id, "record", {"key": 0}, 1)
     assert claimed.locked_by == "worker-a"
-    assert claimed.locked_until - claimed.started_at == queue.lease
+    assert (claimed.started_at, claimed.locked_until) == (claimed_at, claimed_at + queue.lease)
     row = task_row(engine, task_id)
     assert row.status == tq.TaskStatus.RUNNING
     assert row.attempts == 1
     assert row.locked_by == "worker-a"
-    assert row.started_at is not None and row.started_at >= before - timedelta(seconds=1)
+    assert row.started_at == claimed_at
     assert row.locked_until == claimed.locked_until
     assert queue.claim() == [], "a running task is not claimed again while its lease holds"
 
 
 def test_claim_takes_at_most_limit_in_priority_then_run_at_then_id_order(
-    queue: tq.TaskQueue, engine: sa.Engine
+    clocked_queue: tq.TaskQueue, engine: sa.Engine, clock: MovableClock
 ) -> None:
-    now = datetime.now(UTC) - timedelta(minutes=1)
+    queue = clocked_queue
+    now = clock.now() - timedelta(minutes=1)
     with Session(engine) as session:
         specs = [(5, 0), (1, 3), (1, 1), (-2, 9), (1, 1)]  # (priority, seconds after now)
         ids = [
@@ -66,15 +89,19 @@ def test_claim_takes_at_most_limit_in_priority_then_run_at_then_id_order(
     assert queue.claim(limit=4) == []
 
 
-def test_a_task_is_not_claimed_before_run_at(queue: tq.TaskQueue, engine: sa.Engine) -> None:
-    soon = datetime.now(UTC) + timedelta(seconds=1.5)
+def test_a_task_is_not_claimed_before_run_at(
+    clocked_queue: tq.TaskQueue, engine: sa.Engine, clock: MovableClock
+) -> None:
+    queue = clocked_queue
+    soon = clock.now() + timedelta(seconds=1.5)
     with Session(engine) as session:
         queue.enqueue(session, "record", {"key": 1}, run_at=soon)
         session.commit()
     assert queue.claim() == []
-    claimed = wait_for_claim(queue, 10)
-    assert len(claimed) == 1
-    assert datetime.now(UTC) >= soon
+    clock.advance(soon - TICK - clock.now())
+    assert queue.claim() == [], "not a microsecond early"
+    clock.advance(TICK)
+    assert len(queue.claim()) == 1, "due at run_at"
 
 
 def test_claim_only_from_the_queues_asked_for(queue: tq.TaskQueue, engine: sa.Engine) -> None:
@@ -110,19 +137,20 @@ def test_complete_records_the_result(queue: tq.TaskQueue, engine: sa.Engine) -> 
 
 
 def test_failures_retry_with_growing_backoff_then_fail_with_the_traceback(
-    queue: tq.TaskQueue, engine: sa.Engine
+    clocked_queue: tq.TaskQueue, engine: sa.Engine, clock: MovableClock
 ) -> None:
+    queue = clocked_queue
     with Session(engine) as session:
         task_id = queue.enqueue(session, "boom", {"message": "kaput"}, max_attempts=3).id
         session.commit()
     delays = []
     for attempt in (1, 2, 3):
-        [claimed] = wait_for_claim(queue, 10)
+        [claimed] = queue.claim()
         assert (claimed.id, claimed.attempts) == (task_id, attempt)
         try:
             queue.registered("boom").func(**claimed.params)  # type: ignore[union-attr]
         except ValueError as error:
-            failed_at = datetime.now(UTC)
+            failed_at = clock.now()
             assert queue.fail(claimed, error) is True
         row = task_row(engine, task_id)
         assert row.last_error is not None
@@ -130,11 +158,15 @@ def test_failures_retry_with_growing_backoff_then_fail_with_the_traceback(
         if attempt < 3:
             assert row.status == tq.TaskStatus.QUEUED
             delays.append(row.run_at - failed_at)
+            clock.advance(row.run_at - TICK - clock.now())
+            assert queue.claim() == [], "not retried before its run_at"
+            clock.advance(TICK)
     assert row.status == tq.TaskStatus.FAILED
-    assert row.finished_at is not None
+    assert row.finished_at == failed_at
     base = timedelta(milliseconds=50)  # the boom task's retry_delay
-    assert base * 0.9 <= delays[0] <= base * 1.25 + timedelta(milliseconds=20)
-    assert base * 2 * 0.9 <= delays[1] <= base * 2 * 1.25 + timedelta(milliseconds=20)
+    assert base <= delays[0] <= base * 1.25  # up to 25% jitter
+    assert base * 2 <= delays[1] <= base * 2 * 1.25
+    clock.advance(timedelta(days=1))
     assert queue.claim() == []
 
 
@@ -148,22 +180,22 @@ def test_a_string_error_is_kept_as_given(queue: tq.TaskQueue, engine: sa.Engine)
 
 @pytest.mark.parametrize("lease", [timedelta(seconds=1)])
 def test_a_worker_that_lost_its_task_cannot_overwrite_the_new_holders_outcome(
-    queue: tq.TaskQueue, engine: sa.Engine, strategy_name: str, lease: timedelta
+    clocked_queue: tq.TaskQueue, engine: sa.Engine, strategy_name: str, lease: timedelta, clock: MovableClock
 ) -> None:
+    queue = clocked_queue
     [task_id] = enqueue(queue, engine, 1)
     [first] = queue.claim(worker_id="first")
     if strategy_name == "advisory_lock":
         # Advisory locks outlive any lease: the task is lost when the holder's
         # lock goes, as when its connection drops.
         queue.strategy.close()
-    else:
-        time.sleep(lease.total_seconds() + 0.1)
-    [second] = wait_for_claim(queue, 10, worker_id="second")
+    let_the_claim_go(queue, clock, strategy_name, lease)
+    [second] = queue.claim(worker_id="second")
     assert (second.id, second.attempts) == (task_id, 2)
     assert queue.complete(first, "stale") is False
     assert queue.fail(first, RuntimeError("stale")) is False
     assert queue.extend_leases([first]) == set()
-    rival = make_queue(engine, strategy_name, lease)
+    rival = make_queue(engine, strategy_name, lease, clock.now)
     assert rival.claim(worker_id="third") == [], "the stale calls left the new holder's claim intact"
     rival.close()
     assert queue.complete(second, "fresh") is True
@@ -172,11 +204,14 @@ def test_a_worker_that_lost_its_task_cannot_overwrite_the_new_holders_outcome(
 
 
 @pytest.mark.parametrize("lease", [timedelta(seconds=1)])
-def test_extending_the_lease_keeps_the_task(queue: tq.TaskQueue, engine: sa.Engine, lease: timedelta) -> None:
+def test_extending_the_lease_keeps_the_task(
+    clocked_queue: tq.TaskQueue, engine: sa.Engine, lease: timedelta, clock: MovableClock
+) -> None:
+    queue = clocked_queue
     [task_id] = enqueue(queue, engine, 1)
     [claimed] = queue.claim()
     for _ in range(3):  # 1.5 s in all: longer than the lease
-        time.sleep(0.5)
+        clock.advance(lease / 2)
         assert queue.extend_leases([claimed]) == {claimed.id}
     assert task_row(engine, task_id).locked_until > claimed.locked_until + timedelta(seconds=1)
     assert queue.claim() == [], "still held: its lease was renewed"
@@ -197,16 +232,16 @@ def test_release_gives_a_task_back_without_counting_the_attempt(
 
 @pytest.mark.parametrize("lease", [timedelta(seconds=1)])
 def test_complete_many_writes_only_the_tasks_still_held_each_with_its_result(
-    queue: tq.TaskQueue, engine: sa.Engine, strategy_name: str, lease: timedelta
+    clocked_queue: tq.TaskQueue, engine: sa.Engine, strategy_name: str, lease: timedelta, clock: MovableClock
 ) -> None:
+    queue = clocked_queue
     lost_id, kept_id, other_id = enqueue(queue, engine, 3)
-    loser = make_queue(engine, strategy_name, lease)
+    loser = make_queue(engine, strategy_name, lease, clock.now)
     [lost] = loser.claim(worker_id="first")
     if strategy_name == "advisory_lock":
         loser.close()  # the lock, not the lease, says who holds the task
-    else:
-        time.sleep(lease.total_seconds() + 0.1)
-    [second] = wait_for_claim(queue, 10, worker_id="second")
+    let_the_claim_go(queue, clock, strategy_name, lease)
+    [second] = queue.claim(worker_id="second")
     assert second.id == lost_id
     kept, other = queue.claim(limit=2, worker_id="first")
     loser.close()
@@ -217,6 +252,10 @@ def test_complete_many_writes_only_the_tasks_still_held_each_with_its_result(
     assert (rows[kept_id].status, rows[kept_id].result) == (tq.TaskStatus.COMPLETED, None)
     assert (rows[other_id].status, rows[other_id].result) == (tq.TaskStatus.COMPLETED, [1, "two"])
     assert rows[kept_id].finished_at is not None and rows[kept_id].locked_until is None
+    # Time moves on between the two writes, as it does for any real clock.
+    # (Without RETURNING the queue tells the rows it wrote by their finish
+    # time, so a second write in the same microsecond would count the first's.)
+    clock.advance(TICK)
     assert queue.complete_many([kept]) == set(), "a finished task is not written twice"
 
 

@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -18,7 +17,7 @@ from sqlalchemy.orm import Session
 import sa_taskqueue as tq
 from tests.app import executions, make_queue
 from tests.backends import Backend
-from tests.helpers import wait_until
+from tests.helpers import MovableClock, task_row, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 PROCESSES = 8
@@ -101,12 +100,14 @@ def test_eight_processes_run_every_task_exactly_once(
 def test_a_task_of_a_killed_worker_is_claimed_again_and_completes(
     backend: Backend, engine: sa.Engine, strategy_name: str
 ) -> None:
-    # Advisory locks free a dead worker's task at once; the lease strategies
-    # wait for the lease, so theirs is short here and the advisory one long,
-    # to show it is not the lease that frees it.
+    # Our queue reads the time from a clock that moves only when we move it.
+    # The lease strategies free a dead worker's task once its lease has run
+    # out on that clock; advisory locks free it with the clock not moved at
+    # all, so it is not the lease that frees it there.
     advisory = strategy_name == "advisory_lock"
-    lease = timedelta(minutes=10) if advisory else timedelta(seconds=2)
-    queue = make_queue(engine, strategy_name, lease)
+    lease = timedelta(minutes=10)
+    clock = MovableClock()
+    queue = make_queue(engine, strategy_name, lease, clock.now)
     with Session(engine) as session:
         task_id = queue.enqueue(session, "hang", {"key": 7}).id
         session.commit()
@@ -119,16 +120,20 @@ def test_a_task_of_a_killed_worker_is_claimed_again_and_completes(
         worker.send_signal(signal.SIGKILL)
         worker.wait(timeout=30)
     assert worker.returncode == -signal.SIGKILL
-    killed_at = time.monotonic()
-    if not advisory:
-        assert queue.claim() == [], "the lease still holds right after the kill"
-    claimed: list[tq.ClaimedTask] = []
-    wait_until(lambda: claimed.extend(queue.claim()) or claimed, 30, "the task to be claimable again")
+    lease_end = task_row(engine, task_id).locked_until
+    assert lease_end is not None and lease_end > clock.now()
     if advisory:
-        assert time.monotonic() - killed_at < lease.total_seconds()
+        # The server drops the dead session's locks in its own time; the
+        # recovery pass finds them gone.
+        wait_until(lambda: queue.recover() == 1, 30, "the dead worker's lock to go")
+        assert clock.now() < lease_end, "freed with its lease still running"
     else:
-        assert time.monotonic() - killed_at >= lease.total_seconds() - 0.5
-    [task] = claimed
+        assert queue.claim() == [], "the lease still holds right after the kill"
+        clock.advance(lease_end - timedelta(microseconds=1) - clock.now())
+        assert queue.claim() == [], "and up to its last microsecond"
+        # Past the lease, and past the next recovery pass, which gives the task back.
+        clock.advance(timedelta(microseconds=1) + queue.strategy.recovery_interval(lease))
+    [task] = queue.claim()
     assert (task.id, task.attempts) == (task_id, 2)
     assert queue.complete(task, "second time lucky") is True
     with Session(engine) as session:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
-import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 import sqlalchemy as sa
@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 import sa_taskqueue as tq
 from tests.app import executions
 from tests.backends import Backend, reachable
-from tests.helpers import start_cli, task_row, task_rows, wait_until
+from tests.helpers import StreamLines, start_cli, task_row, task_rows, wait_until
 
 WORKER = ("worker", "tests.cli_app:queue", "--poll-interval", "0.1")
 
@@ -93,14 +93,18 @@ def test_a_second_signal_stops_at_once(
 ) -> None:
     enqueue(default_queue, engine, "hang", {"key": 7})
     worker = start_cli(*WORKER, "--shutdown-timeout", "600", url=backend.url)
+    log = StreamLines(worker.stderr)
     try:
         wait_until(lambda: executions(engine).get(7) == 1, 30, "the task to start")
         worker.send_signal(signal.SIGTERM)
-        time.sleep(0.5)
-        returncode, _ = stop(worker, signal.SIGINT, timeout=15)
+        log.wait_for(lambda line: "received SIGTERM:" in line, 30, "the worker to handle the SIGTERM")
+        worker.send_signal(signal.SIGINT)
+        returncode = worker.wait(timeout=15)
     finally:
         worker.kill()
-    assert returncode != 0
+    err = log.text()
+    assert returncode != 0, err
+    assert "received SIGINT again: exiting now" in err, err
     assert task_rows(engine)[0].status == tq.TaskStatus.RUNNING, "left to its lease"
 
 
@@ -247,23 +251,59 @@ def test_the_worker_survives_a_restart_or_its_connections_being_killed(
     assert "Traceback" not in err, err
 
 
+#: The worker's text log line: its time, then the message.
+LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \w+ [\w.]+: (.*)$")
+NEXT_POLL = re.compile(r"nothing more due: next poll in (\d+\.\d+)s$")
+
+
+def logged(line: str) -> tuple[datetime, str] | None:
+    """When a line of the worker's text log was written, and its message."""
+    match = LOG_LINE.match(line.rstrip("\n"))
+    if match is None:
+        return None
+    return datetime.strptime(match[1], "%Y-%m-%d %H:%M:%S,%f"), match[2]
+
+
+def logged_at(line: str) -> datetime:
+    entry = logged(line)
+    assert entry is not None, line
+    return entry[0]
+
+
+def long_idle_wait(line: str, seconds: float) -> float | None:
+    """The next poll the line announces, if it is ``seconds`` away or more."""
+    entry = logged(line)
+    match = NEXT_POLL.search(entry[1]) if entry else None
+    return float(match[1]) if match and float(match[1]) >= seconds else None
+
+
 @pytest.mark.slow
 @pytest.mark.backends("postgres")
 def test_notify_wakes_an_idle_worker_long_before_its_poll(
     backend: Backend, engine: sa.Engine, default_queue: tq.TaskQueue
 ) -> None:
-    worker = start_cli("worker", "tests.cli_app:queue", "--poll-interval", "120", url=backend.url)
+    worker = start_cli(
+        "worker", "tests.cli_app:queue", "--poll-interval", "120", "--log-level", "debug", url=backend.url
+    )
+    log = StreamLines(worker.stderr)
     try:
-        # Idle long enough for its backoff to grow: polls at 0.05, 0.1, ...,
-        # 3.2 s apart add up to 6.35 s, so the next poll is at least 6.4 s
-        # away; only the NOTIFY can start the task within 2.5 s.
-        time.sleep(7)
+        # Idle until its backoff has grown: the worker says its next poll is
+        # seconds away (5 s or more: 6.4 s less up to 20% jitter).
+        idle_line = log.wait_for(lambda line: long_idle_wait(line, 5.0), 60, "a next poll 5 s away")
         task_id = enqueue(default_queue, engine, "record", {"key": 1})
-        wait_until(lambda: task_row(engine, task_id).status == tq.TaskStatus.COMPLETED, 2.5, "the NOTIFY")
-        returncode, err = stop(worker)
+        wait_until(lambda: task_row(engine, task_id).status == tq.TaskStatus.COMPLETED, 30, "the task")
+        worker.send_signal(signal.SIGTERM)
+        returncode = worker.wait(timeout=30)
     finally:
         worker.kill()
+    err = log.text()
     assert returncode == 0, err
+    # By the worker's own log, the task started well inside that wait: only
+    # the NOTIFY can have ended it (the poll would have come ``poll_in`` after).
+    poll_in = long_idle_wait(idle_line, 5.0)
+    assert poll_in is not None
+    start_line = next(line for line in err.splitlines() if f"task {task_id} record attempt 1 started" in line)
+    assert (logged_at(start_line) - logged_at(idle_line)).total_seconds() < poll_in / 2, err
 
 
 @pytest.mark.backends("postgres")

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import threading
-import time
-from datetime import timedelta
+from collections.abc import Callable
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 
 import sa_taskqueue as tq
 from tests.app import executions, make_queue
-from tests.helpers import task_row
+from tests.helpers import MovableClock, task_row, wait_until
 from tests.helpers import task_rows as rows
 
 
@@ -105,14 +105,22 @@ def test_a_batch_write_that_fails_falls_back_to_one_write_per_task(
 def test_a_slow_success_hook_does_not_hold_up_claims_for_free_slots(
     queue: tq.TaskQueue, engine: sa.Engine
 ) -> None:
-    started: dict[int, float] = {}
+    in_hook = threading.Event()
+    hook_may_return = threading.Event()
+    hook_returned = threading.Event()
+    started_during_hook: list[bool] = []
+    second_started = threading.Event()
 
     def on_start(task: tq.ClaimedTask) -> None:
-        started[task.params["key"]] = time.monotonic()
+        if task.params["key"] == 1:
+            started_during_hook.append(not hook_returned.is_set())
+            second_started.set()
 
     def on_success(task: tq.ClaimedTask, _result: object) -> None:
         if task.params["key"] == 0:
-            time.sleep(2)  # a slow metrics call, say
+            in_hook.set()
+            hook_may_return.wait(120)  # a slow metrics call, say: it lasts until task 1 has started
+            hook_returned.set()
 
     worker = tq.Worker(queue, concurrency=2, poll_interval=0.05, on_start=on_start, on_success=on_success)
     runner = threading.Thread(target=worker.run)
@@ -121,18 +129,17 @@ def test_a_slow_success_hook_does_not_hold_up_claims_for_free_slots(
         with Session(engine) as session:
             queue.enqueue(session, "record", {"key": 0})
             session.commit()
-        time.sleep(0.5)  # task 0 is done, its slot in the slow hook
+        assert in_hook.wait(30), "task 0 finished and its slot is in the slow hook"
         with Session(engine) as session:
             queue.enqueue(session, "record", {"key": 1})
             session.commit()
-        enqueued = time.monotonic()
-        deadline = enqueued + 10
-        while 1 not in started and time.monotonic() < deadline:
-            time.sleep(0.02)
+        second_started.wait(30)
     finally:
+        hook_may_return.set()
         worker.stop()
         runner.join(timeout=30)
-    assert 1 in started and started[1] - enqueued < 1.0, "the free slot waited for the other's hook"
+    assert not runner.is_alive()
+    assert started_during_hook == [True], "the free slot waited for the other's hook"
 
 
 def test_a_row_naming_unregistered_code_is_never_run(
@@ -155,45 +162,78 @@ def test_a_row_naming_unregistered_code_is_never_run(
 
 
 def test_the_worker_retries_a_failing_task_then_marks_it_failed(
-    queue: tq.TaskQueue, engine: sa.Engine
+    engine: sa.Engine, strategy_name: str, lease: timedelta
 ) -> None:
-    with Session(engine) as session:
-        task_id = queue.enqueue(session, "boom", {"message": "always"}, max_attempts=3).id
-        session.commit()
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        queue.run_worker(burst=True, poll_interval=0.05)
-        [task] = rows(engine)
-        if task.status == tq.TaskStatus.FAILED:
-            break
-        time.sleep(0.05)
+    clock = MovableClock()
+    queue = make_queue(engine, strategy_name, lease, clock.now)
+    try:
+        with Session(engine) as session:
+            task_id = queue.enqueue(session, "boom", {"message": "always"}, max_attempts=3).id
+            session.commit()
+        for attempt in (1, 2, 3):
+            # Each run is one attempt: the clock stands still, so the retry
+            # it schedules is not due before the run returns.
+            worker = queue.run_worker(burst=True, poll_interval=0.05)
+            [task] = rows(engine)
+            assert (worker.processed, worker.failed, task.attempts) == (0, 1, attempt)
+            if attempt < 3:
+                assert task.status == tq.TaskStatus.QUEUED and task.run_at > clock.now()
+                clock.advance(task.run_at - clock.now())  # the retry comes due
+    finally:
+        queue.close()
     assert (task.id, task.status, task.attempts) == (task_id, tq.TaskStatus.FAILED, 3)
     assert "ValueError: always" in (task.last_error or "")
 
 
 @pytest.mark.parametrize("lease", [timedelta(seconds=1)])
 def test_a_task_longer_than_its_lease_is_not_claimed_twice_while_its_worker_lives(
-    queue: tq.TaskQueue, engine: sa.Engine, strategy_name: str, lease: timedelta
+    engine: sa.Engine, strategy_name: str, lease: timedelta
 ) -> None:
+    clock = MovableClock()
+    queue = make_queue(engine, strategy_name, lease, clock.now)
+    rival = make_queue(engine, strategy_name, lease, clock.now)
+    may_finish = threading.Event()
+
+    @queue.task(name="long")
+    def long(key: int) -> int:
+        may_finish.wait(120)  # runs until the test has moved the clock past several leases
+        record = queue.registered("record")
+        assert record is not None
+        return int(record.func(key=key))
+
     with Session(engine) as session:
-        queue.enqueue(session, "record", {"key": 1, "sleep": 2.5 * lease.total_seconds()})
+        queue.enqueue(session, "long", {"key": 1})
         session.commit()
     worker = threading.Thread(target=queue.run_worker, kwargs={"burst": True, "poll_interval": 0.05})
     worker.start()
-    deadline = time.monotonic() + 30
-    while rows(engine)[0].status != tq.TaskStatus.RUNNING and time.monotonic() < deadline:
-        time.sleep(0.02)
-    first_lease_end = rows(engine)[0].locked_until
-    assert first_lease_end is not None
-    rival = make_queue(engine, strategy_name, lease)
-    stolen = []
-    latest_lease_end = first_lease_end
-    while worker.is_alive():
-        stolen.extend(rival.claim(worker_id="rival"))
-        latest_lease_end = max(latest_lease_end, rows(engine)[0].locked_until or latest_lease_end)
-        time.sleep(0.1)
-    worker.join()
-    rival.close()
+    stolen: list[tq.ClaimedTask] = []
+
+    def renewed_past(until: datetime) -> Callable[[], bool]:
+        def renewed() -> bool:
+            lease_end = rows(engine)[0].locked_until
+            return lease_end is not None and lease_end >= until
+
+        return renewed
+
+    try:
+        wait_until(lambda: rows(engine)[0].status == tq.TaskStatus.RUNNING, 30, "the task to start")
+        first_lease_end = rows(engine)[0].locked_until
+        assert first_lease_end is not None
+        latest_lease_end = first_lease_end
+        for _ in range(5):  # 2.5 leases in all
+            clock.advance(lease / 2)
+            # Each step the rival's claim runs a recovery pass first: without
+            # the last renewal the lease would have run out by the third.
+            stolen.extend(rival.claim(worker_id="rival"))
+            wait_until(renewed_past(clock.now() + lease), 30, "the heartbeat to renew the lease")
+            latest_lease_end = rows(engine)[0].locked_until or latest_lease_end
+            stolen.extend(rival.claim(worker_id="rival"))
+    finally:
+        may_finish.set()
+        worker.join(timeout=60)
+        rival.close()
+        queue.close()
+    assert not worker.is_alive()
     assert stolen == [], "the heartbeat kept the lease"
     assert latest_lease_end > first_lease_end + lease, "the heartbeat renewed the lease more than once"
     assert executions(engine) == {1: 1}
