@@ -240,7 +240,9 @@ def peers_section(run: Run) -> dict[str, Any]:
     absent = missing_peers()
     postgres = [target for target in run.backends if target.name == "postgres"]
     if absent:
-        run.console.print(f"peers: left out, not installed: {', '.join(absent)} (install '.[bench-peers]')")
+        run.console.print(
+            f"peers: left out, not installed: {', '.join(absent)} (install '.[bench-peers]')", markup=False
+        )
         return {}
     if not postgres:
         return {}
