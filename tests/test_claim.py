@@ -259,6 +259,28 @@ def test_complete_many_writes_only_the_tasks_still_held_each_with_its_result(
     assert queue.complete_many([kept]) == set(), "a finished task is not written twice"
 
 
+@pytest.mark.parametrize("lease", [timedelta(seconds=1)])
+def test_complete_many_never_counts_the_new_holders_completion_as_its_own(
+    clocked_queue: tq.TaskQueue, engine: sa.Engine, strategy_name: str, lease: timedelta, clock: MovableClock
+) -> None:
+    # Without RETURNING the queue asks which rows it wrote; the new holder's
+    # completion, in the same microsecond, must not pass for the old one's.
+    queue = clocked_queue
+    lost_id, kept_id = enqueue(queue, engine, 2)
+    loser = make_queue(engine, strategy_name, lease, clock.now)
+    [lost] = loser.claim(worker_id="first")
+    if strategy_name == "advisory_lock":
+        loser.close()
+    let_the_claim_go(queue, clock, strategy_name, lease)
+    [second] = queue.claim(worker_id="second")
+    [kept] = queue.claim(worker_id="first")
+    assert (second.id, kept.id) == (lost_id, kept_id)
+    assert queue.complete(second, "the new holder's")
+    assert queue.complete_many([lost, kept]) == {kept_id}
+    assert task_row(engine, lost_id).result == "the new holder's"
+    loser.close()
+
+
 def test_complete_many_checks_every_result_before_writing_any(queue: tq.TaskQueue, engine: sa.Engine) -> None:
     enqueue(queue, engine, 2)
     first, second = queue.claim(limit=2)

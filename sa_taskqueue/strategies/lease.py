@@ -144,15 +144,15 @@ class LeaseWrites:
             if written.rowcount == count:
                 return {task.id for task in tasks}
             # Without RETURNING, and some rows not ours any more: the rows
-            # this statement wrote are those completed at exactly ``now``.
-            rows = conn.execute(
-                select(table.c.id).where(
-                    table.c.id.in_([task.id for task in tasks]),
-                    has_status(table, TaskStatus.COMPLETED),
-                    table.c.finished_at == now,
-                )
+            # written are those now completed at exactly ``now`` under one of
+            # these claims.  (Another claim of the same task completing at the
+            # same instant carries another identity, so it is never counted.)
+            written_ids = select(table.c.id).where(
+                has_status(table, TaskStatus.COMPLETED),
+                table.c.finished_at == bindparam("finished_now", type_=table.c.finished_at.type),
+                or_(*(claim_identity(table, f"_{index}") for index in range(count))),
             )
-            return set(rows.scalars())
+            return set(conn.execute(written_ids, params).scalars())
 
     def extend(
         self, engine: Engine, table: Table, tasks: Sequence[ClaimedTask], until: datetime, now: datetime
