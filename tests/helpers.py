@@ -142,3 +142,23 @@ def task_row(engine: sa.Engine, task_id: int) -> tq.Task:
         assert row is not None
         session.expunge(row)
         return row
+
+
+def enqueue_records(
+    task_queue: tq.TaskQueue, engine: sa.Engine, count: int, /, **options: object
+) -> list[int]:
+    """``count`` "record" tasks with keys 0, 1, ..., committed together; their ids in order."""
+    with Session(engine) as session:
+        tasks = [task_queue.enqueue(session, "record", {"key": n}, **options) for n in range(count)]  # type: ignore[arg-type]
+        session.commit()
+        return [task.id for task in tasks]
+
+
+def enqueue_one(
+    task_queue: tq.TaskQueue, engine: sa.Engine, name: str, params: dict[str, object], /, **options: object
+) -> int:
+    """One task, committed; its id."""
+    with Session(engine) as session:
+        task_id = task_queue.enqueue(session, name, params, **options).id  # type: ignore[arg-type]
+        session.commit()
+    return task_id

@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 import sa_taskqueue as tq
 from tests.app import make_queue
 from tests.helpers import MovableClock, task_row
+from tests.helpers import enqueue_records as enqueue
 
 #: The smallest step a stored time takes.
 TICK = timedelta(microseconds=1)
@@ -44,11 +45,6 @@ def let_the_claim_go(queue: tq.TaskQueue, clock: MovableClock, strategy_name: st
     clock.advance(interval if strategy_name == "advisory_lock" else lease + interval)
 
 
-def enqueue(task_queue: tq.TaskQueue, engine: sa.Engine, count: int, **options: object) -> list[int]:
-    with Session(engine) as session:
-        tasks = [task_queue.enqueue(session, "record", {"key": n}, **options) for n in range(count)]  # type: ignore[arg-type]
-        session.commit()
-        return [task.id for task in tasks]
 
 
 def test_claim_marks_the_task_running_under_a_lease(

@@ -22,6 +22,7 @@ from sa_taskqueue.strategies.conditional import ConditionalUpdateStrategy
 from sa_taskqueue.strategies.skip_locked import SkipLockedStrategy, locking_select
 from tests.app import make_queue
 from tests.backends import Backend
+from tests.helpers import enqueue_records as enqueue_keys
 
 TABLE = tq.Task.__table__
 NOW = datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC)
@@ -139,11 +140,6 @@ def test_skip_locked_refuses_a_mysql_without_skip_locked() -> None:
 # Live: each backend's own traps ---------------------------------------------------
 
 
-def enqueue_keys(queue: tq.TaskQueue, engine: sa.Engine, count: int) -> list[int]:
-    with Session(engine) as session:
-        ids = [queue.enqueue(session, "record", {"key": n}).id for n in range(count)]
-        session.commit()
-    return ids
 
 
 def test_the_registry_default_is_in_use(engine: sa.Engine) -> None:

@@ -20,16 +20,12 @@ from sqlalchemy.orm import Session
 import sa_taskqueue as tq
 from tests.app import make_queue
 from tests.backends import Backend
+from tests.helpers import enqueue_records as enqueue
 from tests.helpers import task_row, task_rows
 
 TABLE = tq.Task.__table__
 
 
-def enqueue(queue: tq.TaskQueue, engine: sa.Engine, count: int, **options: object) -> list[int]:
-    with Session(engine) as session:
-        tasks = [queue.enqueue(session, "record", {"key": n}, **options) for n in range(count)]  # type: ignore[arg-type]
-        session.commit()
-        return [task.id for task in tasks]
 
 
 def backend_pid(queue: tq.TaskQueue) -> int:

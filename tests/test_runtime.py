@@ -19,17 +19,11 @@ import sa_taskqueue as tq
 from tests.app import executions
 from tests.backends import Backend, reachable
 from tests.helpers import StreamLines, start_cli, task_row, task_rows, wait_until
+from tests.helpers import enqueue_one as enqueue
 
 WORKER = ("worker", "tests.cli_app:queue", "--poll-interval", "0.1")
 
 
-def enqueue(
-    queue: tq.TaskQueue, engine: sa.Engine, name: str, params: dict[str, object], **options: object
-) -> int:
-    with Session(engine) as session:
-        task_id = queue.enqueue(session, name, params, **options).id  # type: ignore[arg-type]
-        session.commit()
-    return task_id
 
 
 def stop(worker: object, sig: int = signal.SIGTERM, timeout: float = 30) -> tuple[int, str]:
