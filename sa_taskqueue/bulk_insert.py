@@ -37,7 +37,7 @@ def insert_rows(conn: Connection, table: Table, rows: Sequence[Mapping[str, Any]
     statement = insert(table)
     if backend.multi_row_insert_ids_in_order and ascending:
         return sorted(conn.execute(statement.returning(table.c.id), rows).scalars())
-    if getattr(conn.dialect, "insert_executemany_returning_sort_by_parameter_order", False):
+    if backend.multi_row_insert_returning:
         result = conn.execute(statement.returning(table.c.id, sort_by_parameter_order=True), rows)
         return list(result.scalars())
     conn.execute(statement, rows)

@@ -20,6 +20,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, declared_attr, mapped_column
 
+from sa_taskqueue.backends import partial_index_dialects
 from sa_taskqueue.types import JSONDocument, LongText, UTCDateTime, utcnow
 
 
@@ -92,27 +93,18 @@ class TaskMixin:
             # cost the claim nothing; MySQL, MariaDB and Oracle have no
             # partial indexes, and there the leading status column narrows
             # the walk to the queued range instead.
-            Index(
-                f"ix_{table}_claim",
-                "status",
-                "priority",
-                "run_at",
-                "id",
-                postgresql_where=_status_is(TaskStatus.QUEUED),
-                sqlite_where=_status_is(TaskStatus.QUEUED),
-            ),
+            Index(f"ix_{table}_claim", "status", "priority", "run_at", "id", **_only(TaskStatus.QUEUED)),
             # Lease recovery looks for running rows whose lease has ended.
-            Index(
-                f"ix_{table}_lease",
-                "status",
-                "locked_until",
-                postgresql_where=_status_is(TaskStatus.RUNNING),
-                sqlite_where=_status_is(TaskStatus.RUNNING),
-            ),
+            Index(f"ix_{table}_lease", "status", "locked_until", **_only(TaskStatus.RUNNING)),
         )
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} id={self.id} name={self.name!r} status={self.status}>"
+
+
+def _only(status: TaskStatus) -> dict[str, Any]:
+    """The index options that keep an index to rows of one status, on the databases with partial indexes."""
+    return {f"{dialect}_where": _status_is(status) for dialect in partial_index_dialects()}
 
 
 def _status_is(status: TaskStatus) -> Any:

@@ -91,6 +91,15 @@ def test_capabilities_are_named_per_backend(dialect: sa.engine.Dialect, capabili
     assert {name for name in named if getattr(backend, name)} == capabilities
 
 
+def test_partial_indexes_where_the_backend_has_them() -> None:
+    assert backend_for(postgresql.dialect()).partial_indexes and backend_for(sqlite.dialect()).partial_indexes
+    assert not backend_for(mysql.dialect()).partial_indexes, "MySQL and MariaDB index every row"
+    claim = next(index for index in TABLE.indexes if index.name.endswith("_claim"))
+    for dialect, partial in ((postgresql.dialect(), True), (sqlite.dialect(), True), (mysql.dialect(), False)):
+        created = str(sa.schema.CreateIndex(claim).compile(dialect=dialect))
+        assert ("WHERE status = 'queued'" in created) is partial, created
+
+
 def test_listen_needs_psycopg() -> None:
     assert backend_for(sa.create_engine("postgresql+psycopg://u@h/d").dialect).listen
     # Made without importing the driver: only psycopg 3's notifies() takes a timeout.

@@ -36,6 +36,13 @@ BACKENDS: dict[str, type[Backend]] = {
 }
 
 
+def partial_index_dialects() -> list[str]:
+    """The dialect names whose backends have partial indexes (for an `Index`'s ``<name>_where``)."""
+    return sorted(
+        name for name, backend in BACKENDS.items() if name != ANY_DIALECT and backend.partial_indexes
+    )
+
+
 _made: weakref.WeakKeyDictionary[Dialect, Backend] = weakref.WeakKeyDictionary()
 
 
@@ -62,4 +69,5 @@ __all__ = [
     "PostgreSQLBackend",
     "SQLiteBackend",
     "backend_for",
+    "partial_index_dialects",
 ]

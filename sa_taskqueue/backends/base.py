@@ -40,6 +40,12 @@ class Backend:
     #: (SELECT ... LIMIT n)`` cannot race another writer.
     serialised_writes = False
 
+    # Indexes ---------------------------------------------------------------------
+
+    #: An index may hold only the rows a WHERE clause selects (the queued
+    #: ones), so finished rows cost the claim nothing.
+    partial_indexes = False
+
     # Bulk enqueue ----------------------------------------------------------------
 
     #: Many rows go as one array per column, unpacked by ``unnest`` in one
@@ -98,6 +104,11 @@ class Backend:
     def update_returning(self) -> bool:
         """``UPDATE ... RETURNING`` (or Oracle's RETURNING INTO) reads back the rows written."""
         return bool(self.dialect.update_returning)
+
+    @property
+    def multi_row_insert_returning(self) -> bool:
+        """A multi-row INSERT returns the new ids in the order of its rows."""
+        return bool(getattr(self.dialect, "insert_executemany_returning_sort_by_parameter_order", False))
 
     @property
     def listen(self) -> bool:

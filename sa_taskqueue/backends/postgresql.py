@@ -23,6 +23,7 @@ class PostgreSQLBackend(Backend):
     # switching a connection to autocommit is a client-side flag.
     autocommit_statements = True
     notify = True
+    partial_indexes = True
     # psycopg splits a multi-row INSERT's thousands of placeholders out with a
     # regular expression on every run; nine arrays cost it nothing.
     insert_from_arrays = True

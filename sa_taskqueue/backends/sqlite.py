@@ -21,6 +21,7 @@ class SQLiteBackend(Backend):
     # before its subqueries read (waiting out the busy timeout), so no other
     # process writes between its read and its write.
     serialised_writes = True
+    partial_indexes = True
     # An autocommit UPDATE is atomic on its own and needs no BEGIN IMMEDIATE.
     autocommit_statements = True
     # Python's sqlite3 (legacy transaction mode) sends no BEGIN before a
