@@ -95,7 +95,8 @@ def test_partial_indexes_where_the_backend_has_them() -> None:
     assert backend_for(postgresql.dialect()).partial_indexes and backend_for(sqlite.dialect()).partial_indexes
     assert not backend_for(mysql.dialect()).partial_indexes, "MySQL and MariaDB index every row"
     claim = next(index for index in TABLE.indexes if index.name.endswith("_claim"))
-    for dialect, partial in ((postgresql.dialect(), True), (sqlite.dialect(), True), (mysql.dialect(), False)):
+    cases = ((postgresql.dialect(), True), (sqlite.dialect(), True), (mysql.dialect(), False))
+    for dialect, partial in cases:
         created = str(sa.schema.CreateIndex(claim).compile(dialect=dialect))
         assert ("WHERE status = 'queued'" in created) is partial, created
 
