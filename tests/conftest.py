@@ -2,14 +2,17 @@
 
 ``pytest --backend postgres`` (or ``SA_TASKQUEUE_TEST_BACKEND``) picks the
 database; each nox session passes its own.  Tests taking ``strategy_name``
-run once per strategy that backend supports.  Tests marked
-``@pytest.mark.backends(...)`` are about one database's behaviour and are
-deselected (not skipped) elsewhere.
+run once per strategy that backend supports.  A test that needs a capability
+(``@pytest.mark.requires("advisory_locks")``) is deselected where the
+database's backend lacks it, and the run's summary says which and why.  A
+test about one database's own behaviour (an error code, a planner's habit)
+is marked ``@pytest.mark.backends(...)`` and deselected elsewhere.
 """
 
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Iterator
 from datetime import timedelta
 
@@ -18,10 +21,32 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 import sa_taskqueue as tq
+from sa_taskqueue.backends import Backend as DatabaseBackend
+from sa_taskqueue.backends import backend_for
 from tests.app import AppBase, make_engine, make_queue
 from tests.backends import STRATEGIES, Backend, Unavailable, provision
 
 BACKENDS = sorted(STRATEGIES)
+
+#: How each suite backend is reached, for asking its capabilities before any connect.
+URL_FORMS = {
+    "sqlite": "sqlite://",
+    "postgres": "postgresql+psycopg://",
+    "postgres18": "postgresql+psycopg://",
+    "mysql": "mysql+pymysql://",
+    "mariadb": "mariadb+pymysql://",
+    "oracle": "oracle+oracledb://",
+}
+
+
+def database_backend(name: str) -> DatabaseBackend:
+    """The package's backend for suite backend ``name`` (capabilities that need no server version)."""
+    return backend_for(sa.create_engine(URL_FORMS[name]).dialect)
+
+
+def family(name: str) -> str:
+    """The database a suite backend is: ``postgres18`` is PostgreSQL, like ``postgres``."""
+    return "postgres" if name.startswith("postgres") else name
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -34,7 +59,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "backends(*names): only meaningful on these backends")
+    config.addinivalue_line("markers", "backends(*names): about these databases' own behaviour")
+    config.addinivalue_line("markers", "requires(*capabilities): needs these capabilities of the backend")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -44,14 +70,44 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    backend = config.getoption("--backend")
+    name = config.getoption("--backend")
+    database = database_backend(name)
     keep, drop = [], []
+    reasons: Counter[str] = Counter()
     for item in items:
-        marker = item.get_closest_marker("backends")
-        (keep if marker is None or backend in marker.args else drop).append(item)
+        reason = _why_not_here(item, name, database)
+        if reason is None:
+            keep.append(item)
+        else:
+            drop.append(item)
+            reasons[reason] += 1
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+    config.stash[DESELECTED] = dict(reasons)
+
+
+def _why_not_here(item: pytest.Item, name: str, database: DatabaseBackend) -> str | None:
+    about = item.get_closest_marker("backends")
+    if about is not None and family(name) not in about.args:
+        return f"about {', '.join(about.args)} only"
+    needs = item.get_closest_marker("requires")
+    wanted = needs.args if needs is not None else ()
+    missing = [capability for capability in wanted if not getattr(database, capability)]
+    if missing:
+        return f"{database.label} has no {' or '.join(missing)}"
+    return None
+
+
+DESELECTED = pytest.StashKey[dict[str, int]]()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    reasons = config.stash.get(DESELECTED, {})
+    if reasons:
+        terminalreporter.section(f"deselected on {config.getoption('--backend')}")
+        for reason, count in sorted(reasons.items()):
+            terminalreporter.line(f"{count} test(s): {reason}")
 
 
 @pytest.fixture(scope="session")

@@ -30,7 +30,11 @@ TABLE = tq.Task.__table__
 
 def backend_pid(queue: tq.TaskQueue) -> int:
     """The server's id for the connection the strategy keeps for single statements."""
-    sql = {"postgresql": "SELECT pg_backend_pid()", "mysql": "SELECT CONNECTION_ID()"}
+    sql = {
+        "postgresql": "SELECT pg_backend_pid()",
+        "mysql": "SELECT CONNECTION_ID()",
+        "mariadb": "SELECT CONNECTION_ID()",
+    }
     with queue.strategy.executor.single_statement(queue.engine) as conn:
         return int(conn.exec_driver_sql(sql[conn.dialect.name]).scalar_one())
 
@@ -73,7 +77,7 @@ def test_a_claim_finds_the_kept_connection_lent_out_and_takes_a_pooled_one(
     assert task_row(engine, task_id).status == tq.TaskStatus.COMPLETED
 
 
-@pytest.mark.backends("postgres", "mysql", "mariadb")
+@pytest.mark.backends("postgres", "mysql", "mariadb")  # a server whose sessions another one can kill
 def test_a_kept_connection_the_server_dropped_is_replaced(engine: sa.Engine) -> None:
     queue = make_queue(engine, None, timedelta(minutes=5))
     [first, second] = enqueue(queue, engine, 2)
@@ -137,7 +141,7 @@ def test_a_forked_child_and_its_parent_claim_side_by_side(engine: sa.Engine) -> 
     queue.close()
 
 
-@pytest.mark.backends("sqlite")
+@pytest.mark.backends("sqlite")  # an SQLite file of its own: once is enough
 def test_a_pool_sharing_one_connection_keeps_the_applications_transactions(tmp_path: object) -> None:
     # StaticPool (and SingletonThreadPool, SQLite's in-memory default) hand
     # every user the same DBAPI connection: one left in autocommit mode would

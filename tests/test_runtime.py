@@ -218,7 +218,7 @@ def drop_connections(engine: sa.Engine) -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.backends("postgres", "mysql", "mariadb")
+@pytest.mark.backends("postgres", "mysql", "mariadb")  # a server whose sessions another one can kill
 def test_the_worker_survives_a_restart_or_its_connections_being_killed(
     backend: Backend, engine: sa.Engine, default_queue: tq.TaskQueue
 ) -> None:
@@ -272,7 +272,7 @@ def long_idle_wait(line: str, seconds: float) -> float | None:
 
 
 @pytest.mark.slow
-@pytest.mark.backends("postgres")
+@pytest.mark.requires("notify", "listen")
 def test_notify_wakes_an_idle_worker_long_before_its_poll(
     backend: Backend, engine: sa.Engine, default_queue: tq.TaskQueue
 ) -> None:
@@ -300,7 +300,7 @@ def test_notify_wakes_an_idle_worker_long_before_its_poll(
     assert (logged_at(start_line) - logged_at(idle_line)).total_seconds() < poll_in / 2, err
 
 
-@pytest.mark.backends("postgres")
+@pytest.mark.requires("notify")
 def test_notify_is_sent_at_commit_and_never_for_a_rollback(
     backend: Backend, default_queue: tq.TaskQueue, engine: sa.Engine
 ) -> None:
