@@ -99,10 +99,12 @@ def _first_line(error: BaseException) -> str:
 
 
 def _has_table(engine: Engine, table: Table) -> bool:
+    # Asked while another error is being translated: whatever goes wrong here
+    # (no connection free in the pool, the server gone) must not replace it.
     try:
         return inspect(engine).has_table(table.name, schema=table.schema)
-    except sa_exc.DBAPIError:
-        return True  # cannot tell; let the original error speak
+    except Exception:  # noqa: BLE001 - cannot tell; let the original error speak
+        return True
 
 
 __all__ = [

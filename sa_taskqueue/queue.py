@@ -80,6 +80,9 @@ class TaskQueue:
             raise ValueError(f"lease must be a positive timedelta, got {lease!r}")
         if not callable(clock):
             raise TypeError(f"clock must be a callable returning an aware datetime, got {clock!r}")
+        sample = clock()
+        if not isinstance(sample, datetime) or sample.utcoffset() is None:
+            raise TypeError(f"clock must return an aware datetime, got {sample!r}")
         self.lease = lease
         self.max_retry_delay = max_retry_delay
         #: What the queue reads the time from: run_at, leases, retries and recovery all
@@ -337,10 +340,12 @@ class TaskQueue:
     def _recover_if_due(self, strategy: ClaimStrategy) -> None:
         # Recovery is a query of its own; running it on every claim would add a
         # round trip to the hot path, so it runs at most once per interval.
+        # (A wall clock stepped back by more than an interval runs it at once.)
         now = self.clock()
-        if self._next_recovery is not None and now < self._next_recovery:
+        interval = strategy.recovery_interval(self.lease)
+        if self._next_recovery is not None and self._next_recovery - interval <= now < self._next_recovery:
             return
-        self._next_recovery = now + strategy.recovery_interval(self.lease)
+        self._next_recovery = now + interval
         self.recover()
 
     def complete(self, claimed: ClaimedTask, result: Any = None) -> bool:

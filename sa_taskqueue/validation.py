@@ -42,8 +42,8 @@ def check_result(result: Any, what: str = "result") -> None:
 def is_storable(result: Any) -> bool:
     """Whether ``result`` can be stored as a task's result."""
     try:
-        json.dumps(result, allow_nan=False)
-    except (TypeError, ValueError):
+        check_result(result)
+    except TypeError:
         return False
     return True
 

@@ -8,7 +8,9 @@ shape, the fetch sizing) through Oracle's dialect.
 
 from __future__ import annotations
 
+import gc
 import json
+import weakref
 from datetime import UTC, datetime, timedelta, timezone
 from types import SimpleNamespace
 
@@ -59,6 +61,15 @@ def test_every_dialect_gets_a_backend_named_for_its_server(
     assert backend_for(dialect) is backend, "one backend per dialect object"
 
 
+def test_a_backend_lives_no_longer_than_its_dialect() -> None:
+    dialect = postgresql.dialect()
+    backend_for(dialect)
+    gone = weakref.ref(dialect)
+    del dialect
+    gc.collect()
+    assert gone() is None, "an application making engines per tenant must not keep every dialect"
+
+
 def test_mysql_and_mariadb_urls_get_the_same_backend() -> None:
     under_mysql = mysql.dialect()
     under_mysql.is_mariadb = True  # what SQLAlchemy sets on connecting to MariaDB under mysql://
@@ -73,6 +84,7 @@ def test_an_unknown_dialect_gets_the_plain_default() -> None:
     backend = backend_for(mssql.dialect())
     assert type(backend) is Backend
     assert not (backend.skip_locked or backend.advisory_locks or backend.notify or backend.listen)
+    assert not backend.direct_execution, "an unknown driver gets SQLAlchemy's full execution path"
     assert SkipLockedStrategy.unsupported_reason(mssql.dialect()) is not None
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 import sqlalchemy as sa
@@ -98,6 +98,27 @@ def test_a_task_is_not_claimed_before_run_at(
     assert queue.claim() == [], "not a microsecond early"
     clock.advance(TICK)
     assert len(queue.claim()) == 1, "due at run_at"
+
+
+def test_recovery_runs_at_once_when_the_clock_steps_back(engine: sa.Engine, lease: timedelta) -> None:
+    # A wall clock stepped back (NTP) must not hold recovery off for as long as it stepped.
+    now = [datetime(2030, 1, 1, tzinfo=UTC)]
+    queue = make_queue(engine, None, lease, lambda: now[0])
+    runs: list[datetime] = []
+    recover = queue.recover
+    queue.recover = lambda: runs.append(now[0]) or recover()  # type: ignore[method-assign]
+    queue.claim()
+    queue.claim()
+    assert len(runs) == 1, "at most once per recovery interval"
+    now[0] -= timedelta(hours=1)
+    queue.claim()
+    assert runs == [datetime(2030, 1, 1, tzinfo=UTC), datetime(2029, 12, 31, 23, tzinfo=UTC)]
+    queue.close()
+
+
+def test_a_clock_must_tell_an_aware_time(engine: sa.Engine) -> None:
+    with pytest.raises(TypeError, match="aware datetime"):
+        tq.TaskQueue(engine, clock=lambda: datetime(2030, 1, 1))
 
 
 def test_claim_only_from_the_queues_asked_for(queue: tq.TaskQueue, engine: sa.Engine) -> None:

@@ -13,8 +13,6 @@ module         database
 
 from __future__ import annotations
 
-import weakref
-
 from sqlalchemy.engine import Dialect
 
 from sa_taskqueue.backends.base import Backend
@@ -43,21 +41,23 @@ def partial_index_dialects() -> list[str]:
     )
 
 
-_made: weakref.WeakKeyDictionary[Dialect, Backend] = weakref.WeakKeyDictionary()
+#: Where a dialect object keeps its backend.
+_KEPT_AS = "_sa_taskqueue_backend"
 
 
 def backend_for(dialect: Dialect) -> Backend:
     """The backend of ``dialect`` (of an engine, a connection, or made by hand for compiling).
 
-    One per dialect object, kept as long as the dialect: column types ask for
-    it on every value they bind.
+    Made once per dialect object and kept on it, so it lives exactly as long
+    as the dialect: column types ask for it on every value they bind.  (Two
+    threads asking at once may each make one; a backend holds no state of its
+    own, so either serves.)
     """
-    try:
-        return _made[dialect]
-    except KeyError:
-        pass
-    backend = _made[dialect] = BACKENDS.get(dialect.name, BACKENDS[ANY_DIALECT])(dialect)
-    return backend
+    found: Backend | None = getattr(dialect, _KEPT_AS, None)
+    if found is None:
+        found = BACKENDS.get(dialect.name, BACKENDS[ANY_DIALECT])(dialect)
+        setattr(dialect, _KEPT_AS, found)
+    return found
 
 
 __all__ = [

@@ -64,8 +64,10 @@ class Backend:
     #: implicit BEGIN is not enough; None for the driver's default.
     write_begin: str | None = None
     #: The driver binds every value correctly from the value alone, so hot
-    #: statements can run as compiled SQL with pre-processed parameters.
-    direct_execution = True
+    #: statements can run as compiled SQL with pre-processed parameters.  Off
+    #: unless a backend knows its drivers: others may need SQLAlchemy's input
+    #: sizes or parameter handling, which only the full execution path applies.
+    direct_execution = False
     #: What turns a statement into a request for its plan.
     explain_prefix = "EXPLAIN "
 

@@ -15,6 +15,10 @@ from sqlalchemy.types import TypeEngine
 
 from sa_taskqueue.backends.base import Backend
 
+#: The first versions with SKIP LOCKED.
+MYSQL_SKIP_LOCKED_SINCE = (8, 0, 1)
+MARIADB_SKIP_LOCKED_SINCE = (10, 6)
+
 
 class MySQLBackend(Backend):
     skip_locked = True
@@ -22,6 +26,7 @@ class MySQLBackend(Backend):
     # transaction of their own costs no extra round trip (switching
     # autocommit does), so single statements run in plain transactions.
     autocommit_statements = False
+    direct_execution = True
     # DATETIME keeps no zone.
     stores_naive_utc = True
 
@@ -40,7 +45,7 @@ class MySQLBackend(Backend):
 
     @property
     def skip_locked_since(self) -> tuple[int, ...]:  # type: ignore[override]
-        return (10, 6) if self.is_mariadb else (8, 0, 1)
+        return MARIADB_SKIP_LOCKED_SINCE if self.is_mariadb else MYSQL_SKIP_LOCKED_SINCE
 
     def begin_locking_reads(self, conn: Connection) -> None:
         # Under the default REPEATABLE READ a locking read also takes gap
@@ -78,4 +83,4 @@ def _lock_name(namespace: int, key: int) -> str:
     return f"sa_taskqueue:{namespace & 0xFFFFFFFF:08x}:{key}"
 
 
-__all__ = ["MySQLBackend"]
+__all__ = ["MARIADB_SKIP_LOCKED_SINCE", "MYSQL_SKIP_LOCKED_SINCE", "MySQLBackend"]

@@ -22,10 +22,9 @@ class OracleBackend(Backend):
     # limit, cannot stand beside FOR UPDATE; ROWNUM would also be applied
     # before SKIP LOCKED, returning nothing when the first rows are locked.
     limit_with_for_update = False
-    # python-oracledb needs the input sizes SQLAlchemy sets (or it binds a
-    # datetime as a DATE, dropping the microseconds the claim guards compare)
-    # and out-parameters for RETURNING: statements run as constructs.
-    direct_execution = False
+    # No direct execution: python-oracledb needs the input sizes SQLAlchemy
+    # sets (or it binds a datetime as a DATE, dropping the microseconds the
+    # claim guards compare) and out-parameters for RETURNING.
     explain_prefix = "EXPLAIN PLAN FOR "
     # python-oracledb binds an aware datetime as a plain TIMESTAMP that the
     # server shifts by the session time zone: the UTC wall time is stored.

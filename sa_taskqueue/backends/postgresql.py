@@ -22,6 +22,7 @@ class PostgreSQLBackend(Backend):
     # Drivers send BEGIN and COMMIT as round trips of their own, while
     # switching a connection to autocommit is a client-side flag.
     autocommit_statements = True
+    direct_execution = True
     notify = True
     partial_indexes = True
     # psycopg splits a multi-row INSERT's thousands of placeholders out with a

@@ -24,6 +24,7 @@ class SQLiteBackend(Backend):
     partial_indexes = True
     # An autocommit UPDATE is atomic on its own and needs no BEGIN IMMEDIATE.
     autocommit_statements = True
+    direct_execution = True
     # Python's sqlite3 (legacy transaction mode) sends no BEGIN before a
     # SELECT, and a deferred transaction that reads first and writes later
     # fails with "database is locked" instead of waiting when another process

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from sqlalchemy.engine import Dialect
 
 from sa_taskqueue.backends import ANY_DIALECT, backend_for
+from sa_taskqueue.backends.mysql import MARIADB_SKIP_LOCKED_SINCE, MYSQL_SKIP_LOCKED_SINCE
 from sa_taskqueue.exceptions import StrategyError
 from sa_taskqueue.strategies.advisory import AdvisoryLockStrategy
 from sa_taskqueue.strategies.base import ClaimStrategy
@@ -108,9 +109,9 @@ def by_name(name: str) -> type[ClaimStrategy]:
 
 register("postgresql", SkipLockedStrategy)
 register("oracle", SkipLockedStrategy)
-register("mysql", SkipLockedStrategy, min_version=(8, 0, 1))
+register("mysql", SkipLockedStrategy, min_version=MYSQL_SKIP_LOCKED_SINCE)
 register("mysql", ConditionalUpdateStrategy)
-register("mariadb", SkipLockedStrategy, min_version=(10, 6))
+register("mariadb", SkipLockedStrategy, min_version=MARIADB_SKIP_LOCKED_SINCE)
 register("mariadb", ConditionalUpdateStrategy)
 register("sqlite", ConditionalUpdateStrategy)
 register(ANY_DIALECT, ConditionalUpdateStrategy)

@@ -1,0 +1,45 @@
+"""Errors cross the queue's boundary as sa_taskqueue's own, with the driver's error as the cause."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+import sa_taskqueue as tq
+from sa_taskqueue.exceptions import translate_database_errors
+
+TABLE = tq.Task.__table__
+
+
+@pytest.mark.backends("sqlite")  # an SQLite file of its own: once is enough
+def test_a_busy_database_with_an_exhausted_pool_is_unavailable_not_a_crash(tmp_path: Path) -> None:
+    # Telling "no such table" from the rest asks the database again; with the
+    # pool's only connection taken, that must not replace the original error.
+    engine = sa.create_engine(f"sqlite:///{tmp_path}/busy.db", pool_size=1, max_overflow=0, pool_timeout=0.1)
+    tq.metadata.create_all(engine)
+    busy = sa.exc.OperationalError("UPDATE ...", {}, Exception("database is locked"))
+    holding_the_only_connection = engine.connect()
+    with pytest.raises(tq.DatabaseUnavailable) as raised, translate_database_errors(engine, TABLE):
+        raise busy
+    holding_the_only_connection.close()
+    assert raised.value.__cause__ is busy
+    assert "database is locked" in str(raised.value)
+    engine.dispose()
+
+
+@pytest.mark.backends("sqlite")
+def test_a_missing_table_is_named_and_a_refused_statement_is_a_database_error(tmp_path: Path) -> None:
+    engine = sa.create_engine(f"sqlite:///{tmp_path}/empty.db")
+    queue = tq.TaskQueue(engine)
+    with pytest.raises(tq.SchemaMissing, match="sa-taskqueue migrate") as missing:
+        queue.claim()
+    assert isinstance(missing.value.__cause__, sa.exc.OperationalError)
+    tq.metadata.create_all(engine)
+    refused = sa.exc.IntegrityError("INSERT ...", {}, Exception("NOT NULL constraint failed"))
+    with pytest.raises(tq.DatabaseError) as raised, translate_database_errors(engine, TABLE):
+        raise refused
+    assert not isinstance(raised.value, tq.DatabaseUnavailable), "refused, not worth retrying"
+    assert raised.value.__cause__ is refused
+    engine.dispose()
