@@ -18,6 +18,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -200,6 +201,7 @@ def wheel_postgres() -> Iterator[str]:
     """
     package = _wheel_package()
     workdir = Path(tempfile.mkdtemp(prefix="sa_taskqueue_pg18_"))
+    watchdog = _start_watchdog(workdir)
     server: subprocess.Popen[bytes] | None = None
     try:
         account = _server_account()
@@ -239,9 +241,72 @@ def wheel_postgres() -> Iterator[str]:
         admin.dispose()
         yield f"postgresql+psycopg://postgres@127.0.0.1:{port}/test"
     finally:
+        if watchdog is not None:
+            watchdog.kill()
+            watchdog.wait()
         if server is not None:
             _stop_server(server)
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+#: Run beside the tests: once the test process is gone without stopping the
+#: server (a SIGTERM or SIGKILL ends pytest without its teardown), stop the
+#: server named in the data directory's postmaster.pid and remove the directory.
+WATCHDOG = """
+import os, shutil, signal, sys, time
+
+owner, workdir = int(sys.argv[1]), sys.argv[2]
+
+
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def ours(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            return workdir.encode() in cmdline.read()
+    except FileNotFoundError:
+        return alive(pid) and not os.path.isdir("/proc")
+    except OSError:
+        return False
+
+
+while alive(owner):
+    time.sleep(1)
+try:
+    with open(os.path.join(workdir, "data", "postmaster.pid")) as pidfile:
+        server = int(pidfile.readline())
+except (OSError, ValueError):
+    server = 0
+if server > 0 and ours(server):
+    os.kill(server, signal.SIGINT)
+    deadline = time.monotonic() + 30
+    while alive(server) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if alive(server):
+        os.kill(server, signal.SIGKILL)
+        time.sleep(1)
+shutil.rmtree(workdir, ignore_errors=True)
+"""
+
+
+def _start_watchdog(workdir: Path) -> subprocess.Popen[bytes] | None:
+    if os.name != "posix":
+        return None
+    return subprocess.Popen(
+        [sys.executable, "-c", WATCHDOG, str(os.getpid()), str(workdir)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # outlives a signal to the test run's process group
+    )
 
 
 def _wheel_package() -> Path:
