@@ -10,6 +10,14 @@ LIMIT lets through, leaving locks nobody knows they hold.  So candidates are
 read first without locks, and each lock is taken in a SELECT list, where
 every call is evaluated exactly once and its result seen; locks beyond the
 ones needed are released at once.
+
+A claim may ask for any number of tasks.  A SELECT list has a limit
+(PostgreSQL takes at most 1,664 entries), so the locks are tried in
+statements of at most `LOCKS_PER_STATEMENT` calls, one after the other,
+stopping as soon as enough are held: a claim of a few tasks is still one
+statement, and a claim of 2,000 a handful.  Each lock held takes a slot in
+the server's lock table (on PostgreSQL, ``max_locks_per_transaction`` times
+``max_connections`` slots for the whole server) for as long as its task runs.
 """
 
 from __future__ import annotations
@@ -37,6 +45,10 @@ WORKER_LOST_ERROR = "worker lost: its connection closed while the task was runni
 #: How many running rows one recovery pass examines.
 RECOVERY_BATCH = 500
 
+#: The most lock calls in one SELECT list, well inside PostgreSQL's 1,664
+#: entries (MySQL and MariaDB have no such limit).
+LOCKS_PER_STATEMENT = 500
+
 
 class AdvisoryLocks:
     """The advisory locks of one task table, one per task id, in the backend's lock functions."""
@@ -46,19 +58,31 @@ class AdvisoryLocks:
         scope = self.backend.advisory_scope(engine, table)
         self.namespace = zlib.crc32(f"sa_taskqueue:{scope}".encode())
 
-    def try_lock(self, conn: Connection, ids: Sequence[int]) -> list[int]:
-        """Try each lock once, without waiting; return the ids now locked by ``conn``, in order."""
-        if not ids:
-            return []
-        calls = (self.backend.try_advisory_lock(self.namespace, task_id) for task_id in ids)
-        results = conn.execute(select(*calls)).one()
-        # GET_LOCK answers 1, 0, or NULL on error; pg_try_advisory_lock a boolean.
-        return [task_id for task_id, got in zip(ids, results, strict=True) if got in (True, 1)]
+    def try_lock(self, conn: Connection, ids: Sequence[int], enough: int | None = None) -> list[int]:
+        """Try each lock once, without waiting; return the ids now locked by ``conn``, in order.
+
+        With ``enough``, no further statement is sent once that many are
+        held (the last one may still take more: the caller releases those).
+        """
+        locked: list[int] = []
+        for chunk in _chunks(ids):
+            if enough is not None and len(locked) >= enough:
+                break
+            calls = (self.backend.try_advisory_lock(self.namespace, task_id) for task_id in chunk)
+            results = conn.execute(select(*calls)).one()
+            # GET_LOCK answers 1, 0, or NULL on error; pg_try_advisory_lock a boolean.
+            locked += [task_id for task_id, got in zip(chunk, results, strict=True) if got in (True, 1)]
+        return locked
 
     def unlock(self, conn: Connection, ids: Sequence[int]) -> None:
-        if ids:
-            calls = (self.backend.advisory_unlock(self.namespace, task_id) for task_id in ids)
+        for chunk in _chunks(ids):
+            calls = (self.backend.advisory_unlock(self.namespace, task_id) for task_id in chunk)
             conn.execute(select(*calls)).one()
+
+
+def _chunks(ids: Sequence[int]) -> list[Sequence[int]]:
+    """``ids`` in runs of at most `LOCKS_PER_STATEMENT`: one SELECT list each."""
+    return [ids[start : start + LOCKS_PER_STATEMENT] for start in range(0, len(ids), LOCKS_PER_STATEMENT)]
 
 
 def claim_key(row: Any) -> ClaimKey:
@@ -118,7 +142,7 @@ class AdvisoryLockStrategy(ClaimStrategy):
                     request.params(),
                 )
             )
-            locked = locks.try_lock(conn, candidates)
+            locked = locks.try_lock(conn, candidates, enough=request.limit)
             wanted, surplus = locked[: request.limit], locked[request.limit :]
             locks.unlock(conn, surplus)
             rows = self._mark_running(conn, table, request, wanted) if wanted else []
