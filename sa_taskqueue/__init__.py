@@ -10,6 +10,7 @@ from __future__ import annotations
 from sa_taskqueue import backends, strategies
 from sa_taskqueue.claimed import ClaimedTask
 from sa_taskqueue.exceptions import (
+    DatabaseBusy,
     DatabaseError,
     DatabaseUnavailable,
     SchemaMissing,
@@ -27,6 +28,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Base",
     "ClaimedTask",
+    "DatabaseBusy",
     "DatabaseError",
     "DatabaseUnavailable",
     "RegisteredTask",

@@ -12,6 +12,8 @@ from contextlib import contextmanager
 from sqlalchemy import Engine, Table, inspect
 from sqlalchemy import exc as sa_exc
 
+from sa_taskqueue.backends import backend_for
+
 
 class TaskQueueError(Exception):
     """Base class of every error sa_taskqueue raises on its own account."""
@@ -47,6 +49,13 @@ class DatabaseUnavailable(DatabaseError):
     """
 
 
+class DatabaseBusy(DatabaseUnavailable):
+    """Another connection held a lock longer than this one would wait (SQLite's busy timeout); worth retrying.
+
+    The driver error is the cause.
+    """
+
+
 @contextmanager
 def translate_database_errors(engine: Engine, table: Table) -> Iterator[None]:
     """Raise ours for SQLAlchemy's and the driver's errors; the original is the cause.
@@ -76,13 +85,25 @@ def _translated(
     invalidated = isinstance(error, sa_exc.DBAPIError) and error.connection_invalidated
     if invalidated or _is(error, orig, "InterfaceError"):
         return DatabaseUnavailable(f"lost the database connection: {detail}")
+    backend = backend_for(engine.dialect)
+    driver_error = orig if orig is not None else error
+    busy = backend.busy(driver_error)
+    if busy is not None:
+        return DatabaseBusy(busy)
     missing_table = _is(error, orig, "OperationalError", "ProgrammingError") and not _has_table(engine, table)
     if missing_table:
         return SchemaMissing(
             f"the task table {table.name!r} does not exist: "
             "run `sa-taskqueue migrate` (or `alembic upgrade head`)"
         )
-    if _is(error, orig, "OperationalError"):
+    # Only a failure of the database or the connection is an outage, worth
+    # retrying; a statement refused for what it asks (OperationalError is
+    # also where drivers file "too many columns" or an unknown column) would
+    # be refused again, forever.
+    outage = backend.outage(driver_error)
+    if outage is None:
+        outage = _is(error, orig, "OperationalError")
+    if outage:
         return DatabaseUnavailable(f"the database is unavailable: {detail}")
     return DatabaseError(f"the database refused a statement: {detail}")
 
@@ -108,6 +129,7 @@ def _has_table(engine: Engine, table: Table) -> bool:
 
 
 __all__ = [
+    "DatabaseBusy",
     "DatabaseError",
     "DatabaseUnavailable",
     "SchemaMissing",

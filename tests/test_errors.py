@@ -9,6 +9,7 @@ import sqlalchemy as sa
 
 import sa_taskqueue as tq
 from sa_taskqueue.exceptions import translate_database_errors
+from tests.backends import Backend
 
 TABLE = tq.Task.__table__
 
@@ -42,4 +43,41 @@ def test_a_missing_table_is_named_and_a_refused_statement_is_a_database_error(tm
         raise refused
     assert not isinstance(raised.value, tq.DatabaseUnavailable), "refused, not worth retrying"
     assert raised.value.__cause__ is refused
+    engine.dispose()
+
+
+def refused(engine: sa.Engine, statement: sa.Executable) -> tq.DatabaseError:
+    """What running ``statement`` raises through the queue's error translation."""
+    with (
+        pytest.raises(tq.DatabaseError) as raised,
+        translate_database_errors(engine, TABLE),
+        engine.connect() as conn,
+    ):
+        conn.execute(statement)
+    return raised.value
+
+
+def test_a_statement_naming_an_unknown_column_is_refused_not_an_outage(engine: sa.Engine) -> None:
+    error = refused(engine, sa.select(sa.literal_column("no_such_column")).select_from(TABLE))
+    assert not isinstance(error, tq.DatabaseUnavailable), "retrying would be refused again, forever"
+    assert "refused a statement" in str(error)
+
+
+@pytest.mark.backends("postgres", "sqlite")  # MySQL and MariaDB take a select list of any length
+def test_a_statement_over_a_limit_of_the_database_is_refused_not_an_outage(engine: sa.Engine) -> None:
+    too_many_columns = sa.select(*(sa.literal_column(str(n)) for n in range(5000)))
+    error = refused(engine, too_many_columns)
+    assert not isinstance(error, tq.DatabaseUnavailable), "retrying would be refused again, forever"
+
+
+@pytest.mark.backends("postgres", "mysql", "mariadb")  # servers: a port nothing listens on
+def test_a_server_that_cannot_be_reached_is_an_outage(backend: Backend) -> None:
+    unreachable = sa.make_url(backend.url).set(host="127.0.0.1", port=1)
+    engine = sa.create_engine(unreachable)
+    with (
+        pytest.raises(tq.DatabaseUnavailable),
+        translate_database_errors(engine, TABLE),
+        engine.connect() as conn,
+    ):
+        conn.execute(sa.select(1))
     engine.dispose()

@@ -153,6 +153,23 @@ class Backend:
         """A call that releases lock ``key`` of ``namespace``."""
         raise NotImplementedError(f"{self.label} has no advisory locks")
 
+    # Errors ----------------------------------------------------------------------------
+
+    def outage(self, error: BaseException) -> bool | None:
+        """Whether the driver's ``error`` says the database cannot serve now, so a retry may succeed.
+
+        True for an unreachable or restarting server, a dropped connection, a
+        deadlock or a lock wait that ran out; False for a statement refused
+        for what it is (a limit exceeded, an unknown column), which would be
+        refused again; None when this backend cannot tell, and the DB-API
+        class decides (an ``OperationalError`` is an outage).
+        """
+        return None
+
+    def busy(self, error: BaseException | None) -> str | None:
+        """If ``error`` is a wait for another connection's lock that ran out, what to tell people."""
+        return None
+
     # Types ------------------------------------------------------------------------------
 
     def datetime_type(self) -> TypeEngine[Any]:

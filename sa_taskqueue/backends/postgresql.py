@@ -10,6 +10,14 @@ from sqlalchemy.types import TypeEngine
 
 from sa_taskqueue.backends.base import Backend
 
+#: SQLSTATE classes worth retrying: connection exception (08), transaction
+#: rollback (40: serialization failure, deadlock), insufficient resources
+#: (53: too many connections), operator intervention (57: shutdown, restart,
+#: statement timeout), system error (58: I/O).
+OUTAGE_CLASSES = frozenset({"08", "40", "53", "57", "58"})
+#: Single SQLSTATEs worth retrying: lock_not_available (a lock timeout).
+OUTAGE_STATES = frozenset({"55P03"})
+
 
 class PostgreSQLBackend(Backend):
     label = "PostgreSQL"
@@ -50,6 +58,15 @@ class PostgreSQLBackend(Backend):
     def advisory_unlock(self, namespace: int, key: int) -> ColumnElement[Any]:
         return func.pg_advisory_unlock(_int4(namespace), _int4(key))
 
+    def outage(self, error: BaseException) -> bool | None:
+        # psycopg files "program limit exceeded" (54: too many columns) and
+        # more under OperationalError; the SQLSTATE class tells them apart.
+        # An error with no SQLSTATE never reached the server.
+        sqlstate = getattr(error, "sqlstate", None) or getattr(error, "pgcode", None)
+        if not isinstance(sqlstate, str) or not sqlstate:
+            return None
+        return sqlstate[:2] in OUTAGE_CLASSES or sqlstate in OUTAGE_STATES
+
     def json_type(self) -> TypeEngine[Any]:
         # JSONB: compact, and comparable in SQL should a query ever need it.
         return postgresql.JSONB(none_as_null=True)
@@ -61,4 +78,4 @@ def _int4(value: int) -> int:
     return value - 0x1_0000_0000 if value >= 0x8000_0000 else value
 
 
-__all__ = ["PostgreSQLBackend"]
+__all__ = ["OUTAGE_CLASSES", "OUTAGE_STATES", "PostgreSQLBackend"]
