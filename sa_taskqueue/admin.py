@@ -16,6 +16,7 @@ from sqlalchemy import Connection, Engine, Table, delete, func, select, update
 from sqlalchemy.orm import Session
 
 from sa_taskqueue import validation
+from sa_taskqueue.backends import backend_for
 from sa_taskqueue.exceptions import translate_database_errors
 from sa_taskqueue.model import Task, TaskMixin, TaskStatus, has_status
 from sa_taskqueue.notify import notify_enqueued
@@ -37,6 +38,9 @@ class Admin:
     def __init__(self, engine: Engine, model: type[TaskMixin] = Task) -> None:
         self.engine = engine
         self.model = model
+        # The connection settings a queue's engine gets (SQLite's busy
+        # timeout): a command run beside a writing application waits for it.
+        backend_for(engine.dialect).configure_engine(engine)
         table = getattr(model, "__table__", None)
         assert isinstance(table, Table)
         self.table: Table = table

@@ -23,6 +23,7 @@ import sqlalchemy as sa
 from alembic.autogenerate.api import AutogenContext
 from alembic.config import Config
 
+from sa_taskqueue.backends import backend_for
 from sa_taskqueue.model import metadata
 
 #: Our version table: never the application's ``alembic_version``.
@@ -86,6 +87,8 @@ def _run(step: Callable[[Config, str], None], url: str, revision: str) -> None:
     # (on databases with transactional DDL).
     config = alembic_config(url)
     engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    # A migration run beside a writing application waits for it as a queue would.
+    backend_for(engine.dialect).configure_engine(engine)
     try:
         with engine.begin() as connection:
             config.attributes["connection"] = connection

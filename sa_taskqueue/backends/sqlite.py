@@ -2,16 +2,35 @@
 
 from __future__ import annotations
 
+import logging
+import sqlite3
+import time
 from typing import Any
 
-from sqlalchemy import Engine, event
+from sqlalchemy import Connection, Engine, event
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.pool import ConnectionPoolEntry
 
 from sa_taskqueue.backends.base import Backend
 
+logger = logging.getLogger("sa_taskqueue")
+
 #: How long a connection waits for another process's write lock before giving
-#: up with "database is locked".  Claims hold it for milliseconds.
+#: up (SQLite's "database is locked").  Claims hold it for milliseconds; an
+#: application's transaction may hold it longer.  A ``?timeout=`` (seconds) in
+#: the URL is kept instead.
 BUSY_TIMEOUT_MS = 30_000
+
+#: SQLite's result codes (the low byte of an extended code).
+SQLITE_BUSY = 5
+SQLITE_LOCKED = 6
+#: Failures of the file or the machine, not of the statement: out of memory,
+#: I/O error, disk full, cannot open the file, a locking protocol error.
+SQLITE_OUTAGES = frozenset({7, 10, 13, 14, 15})
+
+#: The first and the longest pause between tries to switch a busy file to WAL.
+WAL_RETRY_FIRST = 0.01
+WAL_RETRY_LONGEST = 1.0
 
 
 class SQLiteBackend(Backend):
@@ -40,19 +59,91 @@ class SQLiteBackend(Backend):
     stores_naive_utc = True
 
     def configure_engine(self, engine: Engine) -> None:
-        # Python's sqlite3 gives up at once on a lock another process holds
-        # unless a busy timeout is set, on every connection.
+        # Python's sqlite3 gives up after 5 s on a lock another process holds;
+        # a writing application may hold it longer.  Every connection waits
+        # BUSY_TIMEOUT_MS, unless the URL sets a timeout of its own.
+        if "timeout" in engine.url.query:
+            return
         if not event.contains(engine, "connect", _set_busy_timeout):
             event.listen(engine, "connect", _set_busy_timeout)
 
     def prepare_database(self, engine: Engine) -> None:
         # Only WAL lets readers (enqueueing applications, status queries) go
-        # on while a claim writes.  It is a property of the file, kept once set.
+        # on while a claim writes.  It is a property of the file, kept once
+        # set, so it is read first: a file already in WAL needs no lock.
         if engine.url.database in (None, "", ":memory:"):
             return
         with engine.connect() as conn:
-            conn.exec_driver_sql(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            if _journal_mode(conn) != "wal":
+                _switch_to_wal(conn, str(engine.url.database))
+
+    def outage(self, error: BaseException) -> bool | None:
+        # sqlite3 files every failure, "too many columns" as much as an I/O
+        # error, under OperationalError; the result code tells them apart.
+        code = getattr(error, "sqlite_errorcode", None)
+        if not isinstance(code, int):
+            return None
+        return code & 0xFF in SQLITE_OUTAGES or code & 0xFF in (SQLITE_BUSY, SQLITE_LOCKED)
+
+    def busy(self, error: BaseException | None) -> str | None:
+        if not _is_busy(error):
+            return None
+        return "the SQLite database is busy: another connection kept its write lock past the busy timeout"
+
+
+def _is_busy(error: BaseException | None) -> bool:
+    """Whether ``error`` is SQLite's "database is locked": a lock wait that ran out (or was not waited)."""
+    code = getattr(error, "sqlite_errorcode", None)
+    busy_codes = (SQLITE_BUSY, SQLITE_LOCKED)
+    return isinstance(error, sqlite3.Error) and isinstance(code, int) and code & 0xFF in busy_codes
+
+
+def _journal_mode(conn: Connection) -> str:
+    return str(conn.exec_driver_sql("PRAGMA journal_mode").scalar()).lower()
+
+
+def _switch_to_wal(conn: Connection, database: str) -> None:
+    """Switch the file to WAL, waiting for other connections' transactions to end, within the busy timeout.
+
+    The switch needs the file to itself, and SQLite does not wait for it: it
+    answers "database is locked" at once while another connection writes.
+    So it is tried again with a growing pause, for as long as the busy
+    timeout, with one line saying what it waits for.  If the file is still
+    busy then, the queue goes on in the file's own journal mode (readers wait
+    for writers, nothing is lost), and the next start tries again.
+    """
+    wait_ms = int(conn.exec_driver_sql("PRAGMA busy_timeout").scalar() or 0)
+    deadline = time.monotonic() + wait_ms / 1000
+    pause = WAL_RETRY_FIRST
+    waiting_logged = False
+    while True:
+        try:
             conn.exec_driver_sql("PRAGMA journal_mode = WAL")
+            if waiting_logged:
+                logger.info("SQLite file %s switched to WAL", database)
+            return
+        except OperationalError as error:
+            if not _is_busy(error.orig):
+                raise
+        if time.monotonic() >= deadline:
+            logger.warning(
+                "SQLite file %s stays in %s journal mode for now: other connections kept it busy for "
+                "%.0fs; readers will wait for writers until a start finds it free to switch to WAL",
+                database,
+                _journal_mode(conn),
+                wait_ms / 1000,
+            )
+            return
+        if not waiting_logged:
+            logger.info(
+                "SQLite file %s is busy (another connection is writing): waiting up to %.0fs "
+                "to switch it to WAL",
+                database,
+                wait_ms / 1000,
+            )
+            waiting_logged = True
+        time.sleep(min(pause, max(deadline - time.monotonic(), 0)))
+        pause = min(pause * 2, WAL_RETRY_LONGEST)
 
 
 def _set_busy_timeout(dbapi_connection: Any, _record: ConnectionPoolEntry) -> None:
