@@ -41,6 +41,13 @@ QUEUE_LENGTH = 100
 WORKER_ID_LENGTH = 255
 STATUS_LENGTH = 16
 
+# What the integer columns hold on every database: ``priority``, ``attempts``
+# and ``max_attempts`` are 32-bit signed INTEGERs, ids 64-bit (BIGINT, or
+# SQLite's INTEGER, which is 64-bit too).
+INTEGER_MIN = -(2**31)
+INTEGER_MAX = 2**31 - 1
+ID_MAX = 2**63 - 1
+
 
 class TaskMixin:
     """The columns, indexes and defaults of a task table.
@@ -137,4 +144,14 @@ class Task(TaskMixin, Base):
 
 metadata = Base.metadata
 
-__all__ = ["Base", "Task", "TaskMixin", "TaskStatus", "has_status", "metadata"]
+__all__ = [
+    "ID_MAX",
+    "INTEGER_MAX",
+    "INTEGER_MIN",
+    "Base",
+    "Task",
+    "TaskMixin",
+    "TaskStatus",
+    "has_status",
+    "metadata",
+]

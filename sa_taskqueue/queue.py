@@ -155,12 +155,10 @@ class TaskQueue:
         if callable(name):
             return self.task()(name)
         validation.check_queue_name(queue)
-        validation.check_int("priority", priority)
+        validation.check_column_int("priority", priority)
         validation.check_max_attempts(max_attempts)
         validation.check_retry_delay(retry_delay)
-        options = TaskOptions(
-            queue, priority, max_attempts, retry_delay, validation.timeout_seconds(timeout)
-        )
+        options = TaskOptions(queue, priority, max_attempts, retry_delay, validation.timeout_seconds(timeout))
 
         def register(func: Callable[P, R]) -> RegisteredTask[P, R]:
             task_name = name if name is not None else f"{func.__module__}.{func.__qualname__}"

@@ -13,7 +13,7 @@ import json
 from datetime import datetime, timedelta
 from typing import Any
 
-from sa_taskqueue.model import QUEUE_LENGTH, TaskStatus
+from sa_taskqueue.model import ID_MAX, INTEGER_MAX, INTEGER_MIN, QUEUE_LENGTH, TaskStatus
 
 
 def check_params(params: Any) -> None:
@@ -60,10 +60,24 @@ def check_int(argument: str, value: Any) -> None:
         raise TypeError(f"{argument} must be an integer, got {value!r}")
 
 
+def check_column_int(argument: str, value: Any) -> None:
+    """An integer the 32-bit INTEGER column it is stored in can hold, on every database."""
+    check_int(argument, value)
+    if not INTEGER_MIN <= value <= INTEGER_MAX:
+        raise ValueError(f"{argument} must be between {INTEGER_MIN} and {INTEGER_MAX}, got {value!r}")
+
+
 def check_max_attempts(value: Any) -> None:
-    check_int("max_attempts", value)
+    check_column_int("max_attempts", value)
     if value < 1:
         raise ValueError(f"max_attempts must be at least 1, got {value!r}")
+
+
+def check_task_id(value: Any) -> None:
+    """A task id as the 64-bit id column can hold it (ids start at 1)."""
+    check_int("task_id", value)
+    if not 1 <= value <= ID_MAX:
+        raise ValueError(f"task_id must be between 1 and {ID_MAX}, got {value!r}")
 
 
 def check_positive_int(argument: str, value: Any) -> None:
@@ -108,7 +122,7 @@ def task_values(
         raise ValueError(f"name must be a non-empty string, got {name!r}")
     check_params(params)
     check_queue_name(queue)
-    check_int("priority", priority)
+    check_column_int("priority", priority)
     check_max_attempts(max_attempts)
     if run_at is not None:
         check_run_at(run_at)
@@ -126,6 +140,7 @@ def task_values(
 
 
 __all__ = [
+    "check_column_int",
     "check_int",
     "check_max_attempts",
     "check_params",
@@ -134,6 +149,7 @@ __all__ = [
     "check_result",
     "check_retry_delay",
     "check_run_at",
+    "check_task_id",
     "is_storable",
     "task_values",
     "timeout_seconds",

@@ -1,0 +1,147 @@
+"""The command line's numbers and durations, each checked against the range it may take.
+
+A number the database column, the clock or the operating system cannot hold
+(a priority past 32 bits, an id past 64, a delay past the year 9999, a poll
+interval longer than a wait can be) would otherwise fail deep inside a
+driver, with a traceback.  Each is refused where it is typed instead, as a
+usage error (exit code 2) that names the option and the range allowed.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from sa_taskqueue.model import ID_MAX, INTEGER_MAX, INTEGER_MIN
+
+#: The longest ``--delay`` and ``--older-than``: a century, far inside every
+#: database's datetime range (and Python's, which ends in 9999).
+MAX_DURATION = timedelta(days=36500)
+#: The longest wait a worker option may ask for: a day.
+MAX_WAIT_SECONDS = 86400.0
+
+if TYPE_CHECKING:  # click is generic in its value type from 8.2 on, and not subscriptable before
+    _IntParam = click.ParamType[int]
+    _FloatParam = click.ParamType[float]
+    _DurationParam = click.ParamType[timedelta]
+else:
+    _IntParam = _FloatParam = _DurationParam = click.ParamType
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*")
+
+
+class BoundedInt(_IntParam):
+    """A whole number between ``low`` and ``high``, inclusive."""
+
+    name = "integer"
+
+    def __init__(self, low: int, high: int) -> None:
+        self.low = low
+        self.high = high
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            number = value
+        else:
+            try:
+                number = int(str(value).strip(), 10)
+            except ValueError:
+                self.fail(f"{value!r} is not a whole number {self.allowed}", param, ctx)
+        if not self.low <= number <= self.high:
+            self.fail(f"{value} is out of range: it must be {self.allowed}", param, ctx)
+        return number
+
+    @property
+    def allowed(self) -> str:
+        return f"between {self.low} and {self.high}"
+
+
+class BoundedFloat(_FloatParam):
+    """A finite number between ``low`` and ``high``, inclusive (no ``nan``, no ``inf``)."""
+
+    name = "number"
+
+    def __init__(self, low: float, high: float) -> None:
+        self.low = low
+        self.high = high
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number {self.allowed}", param, ctx)
+        if not math.isfinite(number) or not self.low <= number <= self.high:
+            self.fail(f"{value} is out of range: it must be {self.allowed}", param, ctx)
+        return number
+
+    @property
+    def allowed(self) -> str:
+        return f"between {self.low:g} and {self.high:g} seconds"
+
+
+class Duration(_DurationParam):
+    """``30s``, ``10m``, ``2h``, ``7d``, ``1w`` or plain seconds, at most `MAX_DURATION`."""
+
+    name = "duration"
+
+    def __init__(self, longest: timedelta = MAX_DURATION) -> None:
+        self.longest = longest
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> timedelta:
+        if isinstance(value, timedelta):
+            return value
+        match = _DURATION.fullmatch(str(value))
+        if not match:
+            self.fail(f"{value!r} is not a duration like 30s, 10m, 2h or 7d", param, ctx)
+        seconds = float(match.group(1)) * _UNITS[match.group(2) or "s"]
+        if not math.isfinite(seconds) or seconds > self.longest.total_seconds():
+            self.fail(f"{value} is out of range: it must be {self.allowed}", param, ctx)
+        return timedelta(seconds=seconds)
+
+    @property
+    def allowed(self) -> str:
+        return f"between 0s and {self.longest.days}d"
+
+
+#: A value of a 32-bit INTEGER column (``priority``).
+COLUMN_INT = BoundedInt(INTEGER_MIN, INTEGER_MAX)
+#: ``--max-attempts``: at least one attempt, at most what its column holds.
+ATTEMPTS = BoundedInt(1, INTEGER_MAX)
+#: A task id: the id column is 64-bit and ids start at 1.
+TASK_ID = BoundedInt(1, ID_MAX)
+#: ``--concurrency``: tasks at once in one worker (threads or child processes).
+CONCURRENCY = BoundedInt(1, 1000)
+#: ``purge --batch-size``: rows per transaction; the ids of one batch are
+#: bound as parameters, and SQLite takes at most 32,766 of those.
+BATCH_SIZE = BoundedInt(1, 10_000)
+#: ``demo --tasks`` and ``demo --workers``.
+DEMO_TASKS = BoundedInt(1, 1_000_000)
+DEMO_WORKERS = BoundedInt(1, 64)
+#: ``--poll-interval``: the longest idle wait between polls.
+POLL_INTERVAL = BoundedFloat(0.001, MAX_WAIT_SECONDS)
+#: ``--shutdown-timeout``: how long running tasks get after SIGTERM.
+SHUTDOWN_TIMEOUT = BoundedFloat(0.0, MAX_WAIT_SECONDS)
+DURATION = Duration()
+
+__all__ = [
+    "ATTEMPTS",
+    "BATCH_SIZE",
+    "COLUMN_INT",
+    "CONCURRENCY",
+    "DEMO_TASKS",
+    "DEMO_WORKERS",
+    "DURATION",
+    "MAX_DURATION",
+    "MAX_WAIT_SECONDS",
+    "POLL_INTERVAL",
+    "SHUTDOWN_TIMEOUT",
+    "TASK_ID",
+    "BoundedFloat",
+    "BoundedInt",
+    "Duration",
+]
