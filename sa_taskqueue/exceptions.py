@@ -100,7 +100,11 @@ def _translated(
     # retrying; a statement refused for what it asks (OperationalError is
     # also where drivers file "too many columns" or an unknown column) would
     # be refused again, forever.
-    outage = backend.outage(driver_error)
+    # A connection that could not be made (no statement yet: a server not
+    # up, a refused login) is judged by the DB-API class alone, as drivers
+    # file those failures under OperationalError.
+    connecting = not isinstance(error, sa_exc.DBAPIError) or error.statement is None
+    outage = None if connecting else backend.outage(driver_error)
     if outage is None:
         outage = _is(error, orig, "OperationalError")
     if outage:
