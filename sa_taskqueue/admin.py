@@ -8,6 +8,7 @@ that clearing millions of finished rows never holds a long lock.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -23,6 +24,19 @@ from sa_taskqueue.notify import notify_enqueued
 from sa_taskqueue.types import utcnow
 
 
+@dataclass(frozen=True)
+class UnregisteredTasks:
+    """Queued tasks under one name that the application asking has not registered.
+
+    During a rolling deploy these are a newer release's tasks: workers of the
+    older release leave them queued for the workers that know them.
+    """
+
+    name: str
+    queued: int
+    oldest_age: timedelta  # since the oldest of them was enqueued
+
+
 @dataclass
 class StatusReport:
     """What ``sa-taskqueue status`` shows."""
@@ -30,6 +44,9 @@ class StatusReport:
     counts: dict[str, dict[str, int]] = field(default_factory=dict)  # queue -> status -> count
     oldest_due_age: timedelta | None = None
     expired_leases: list[int] = field(default_factory=list)
+    #: Queued tasks by name not in the registered names given, oldest first;
+    #: None when no registered names were given.
+    unregistered: list[UnregisteredTasks] | None = None
 
 
 class Admin:
@@ -74,7 +91,8 @@ class Admin:
             session.commit()
             return task.id
 
-    def status(self) -> StatusReport:
+    def status(self, registered: Collection[str] | None = None) -> StatusReport:
+        """The table at a glance; given an application's ``registered`` names, what it leaves queued."""
         t = self.table
         now = utcnow()
         report = StatusReport()
@@ -98,10 +116,30 @@ class Admin:
                     .limit(1000)
                 )
             )
+            if registered is not None:
+                report.unregistered = self._unregistered(conn, set(registered), now)
         return report
+
+    def _unregistered(self, conn: Connection, registered: set[str], now: datetime) -> list[UnregisteredTasks]:
+        # Grouped by name in the database and compared here: a table holds
+        # few distinct names, an application may register many.
+        t = self.table
+        rows = conn.execute(
+            select(t.c.name, func.count(), func.min(t.c.created_at))
+            .where(has_status(t, TaskStatus.QUEUED))
+            .group_by(t.c.name)
+        )
+        found = [
+            UnregisteredTasks(name=name, queued=count, oldest_age=max(now - oldest, timedelta(0)))
+            for name, count, oldest in rows
+            if name not in registered
+        ]
+        return sorted(found, key=lambda group: (-group.oldest_age, group.name))
 
     def retry(self, task_id: int | None) -> int:
         """Queue a failed or cancelled task (or, with None, every failed task) to run now, afresh."""
+        if task_id is not None:
+            validation.check_task_id(task_id)
         t = self.table
         condition = (
             t.c.status.in_([TaskStatus.FAILED, TaskStatus.CANCELLED])
@@ -127,6 +165,7 @@ class Admin:
 
     def cancel(self, task_id: int) -> bool:
         """Cancel a queued task so that it never runs; False if it is not queued."""
+        validation.check_task_id(task_id)
         with translate_database_errors(self.engine, self.table), self.engine.begin() as conn:
             return cancel_queued(conn, self.table, task_id, utcnow())
 

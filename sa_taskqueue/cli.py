@@ -11,8 +11,8 @@ import importlib
 import json
 import logging
 import os
-import re
 import sys
+import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -25,21 +25,34 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table as RichTable
 
-from sa_taskqueue.admin import Admin
+from sa_taskqueue import cli_params
+from sa_taskqueue.admin import Admin, UnregisteredTasks
+from sa_taskqueue.backends import backend_for
 from sa_taskqueue.demo import DEFAULT_URL, run_demo
-from sa_taskqueue.exceptions import DatabaseError, DatabaseUnavailable, SchemaMissing, TaskQueueError
+from sa_taskqueue.exceptions import (
+    DatabaseBusy,
+    DatabaseError,
+    DatabaseUnavailable,
+    SchemaMissing,
+    TaskQueueError,
+)
 from sa_taskqueue.queue import TaskQueue
+from sa_taskqueue.redaction import Redactor, has_unescaped_at
 
 URL_ENV = "SA_TASKQUEUE_DATABASE_URL"
 
 logger = logging.getLogger("sa_taskqueue")
+
+#: The secrets of every URL this command was given: whatever it prints (its
+#: messages, the driver's errors, the worker's log lines) is shown without them.
+redactor = Redactor()
 
 
 class Failure(click.ClickException):
     """A failure explained in one line; exit code 1."""
 
     def show(self, file: Any = None) -> None:
-        click.echo(f"error: {self.format_message()}", err=True)
+        click.echo(f"error: {redactor.text(self.format_message())}", err=True)
 
 
 @click.group()
@@ -48,16 +61,26 @@ class Failure(click.ClickException):
 def cli(ctx: click.Context, debug: bool) -> None:
     """sa_taskqueue: a task queue in the SQL database you already have."""
     ctx.obj = {"debug": debug}
+    # An application the worker imports may build its engine from it.
+    redactor.remember(os.environ.get(URL_ENV))
 
 
 # Errors ------------------------------------------------------------------------
 
 
 @contextmanager
-def for_people(ctx: click.Context, url: str | None = None) -> Iterator[None]:
+def for_people(ctx: click.Context, url: str | sa.URL | None = None) -> Iterator[None]:
     """Turn the errors a user can cause into one line each (unless --debug)."""
+    redactor.remember(url)
     if ctx.obj and ctx.obj.get("debug"):
-        yield
+        try:
+            yield
+        except click.ClickException:
+            raise
+        except Exception:  # noqa: BLE001 - shown whole, as asked for, then the exit
+            # The traceback, as asked for, but with no password in it.
+            click.echo(redactor.text(traceback.format_exc()), err=True)
+            raise SystemExit(1) from None
         return
     where = f" at {_safe(url)}" if url else ""
     try:
@@ -66,6 +89,8 @@ def for_people(ctx: click.Context, url: str | None = None) -> Iterator[None]:
         raise
     except SchemaMissing as error:
         raise Failure(f"{error}") from error
+    except DatabaseBusy as error:
+        raise Failure(f"{error}{where}; try again once it commits") from error
     except DatabaseUnavailable as error:
         raise Failure(f"cannot use the database{where}: {_driver_detail(error)}") from error
     except DatabaseError as error:
@@ -73,7 +98,7 @@ def for_people(ctx: click.Context, url: str | None = None) -> Iterator[None]:
     except TaskQueueError as error:
         raise Failure(str(error)) from error
     except sa.exc.ArgumentError as error:
-        raise Failure(f"bad database URL {_safe(url or '')!s}: {error}") from error
+        raise Failure(f"bad database URL {_safe(url or '')}: {error}") from error
     except sa.exc.NoSuchModuleError as error:
         raise Failure(f"unknown database dialect in {_safe(url or '')}: {error}") from error
     except ModuleNotFoundError as error:
@@ -82,6 +107,9 @@ def for_people(ctx: click.Context, url: str | None = None) -> Iterator[None]:
             "pip install 'sa_taskqueue[postgresql]'"
         ) from error
     except (sa.exc.OperationalError, sa.exc.InterfaceError) as error:
+        busy = _busy(error, url)
+        if busy is not None:
+            raise Failure(f"{busy}{where}; try again once it commits") from error
         raise Failure(f"cannot use the database{where}: {_first_line(error.orig)}") from error
     except sa.exc.DBAPIError as error:
         raise Failure(f"the database refused a statement{where}: {_first_line(error.orig)}") from error
@@ -99,42 +127,42 @@ def _driver_detail(error: BaseException) -> str:
     return _first_line(getattr(cause, "orig", None) or cause or error)
 
 
+def _busy(error: sa.exc.DBAPIError, url: str | sa.URL | None) -> str | None:
+    """What to say when ``error`` is a lock wait that ran out (SQLite's busy timeout), else None."""
+    try:
+        dialect = sa.make_url(url).get_dialect()() if url else None
+    except Exception:  # noqa: BLE001 - no dialect to ask: say what the driver said
+        return None
+    return backend_for(dialect).busy(error.orig) if dialect is not None else None
+
+
 def _first_line(error: BaseException | None) -> str:
     text = str(error).strip() if error is not None else "unknown error"
     return text.splitlines()[0] if text else type(error).__name__
 
 
-def _safe(url: str) -> str:
-    """The URL with any password hidden, even when it does not parse."""
-    try:
-        return sa.make_url(url).render_as_string(hide_password=True)
-    except (sa.exc.ArgumentError, ValueError):
-        pattern = r"(://[^:/@]*):[^@]*@" if "://" in url else r"^([^:/@]+):[^@]*@"
-        return re.sub(pattern, r"\1:***@", url)
+def _safe(url: str | sa.URL) -> str:
+    """The URL with its password and secret query values hidden, even when it does not parse."""
+    redactor.remember(url)
+    return redactor.url(url)
 
 
 def _engine(url: str | None) -> sa.Engine:
+    return sa.create_engine(_checked_url(url))
+
+
+def _checked_url(url: str | None) -> str:
+    """``url``, if there is one and it can be handed to a driver."""
     if not url:
         raise click.UsageError(f"no database URL: pass --url or set {URL_ENV}")
-    return sa.create_engine(url)
+    if has_unescaped_at(sa.make_url(url)):
+        # The driver would be sent the password's tail as the host name.
+        raise Failure(f"bad database URL {_safe(url)}: write an @ in the password as %40")
+    return url
 
 
 def _url_option(func: Callable[..., Any]) -> Callable[..., Any]:
     return click.option("--url", envvar=URL_ENV, help=f"Database URL (default: ${URL_ENV}).")(func)
-
-
-def _duration(text: str) -> timedelta:
-    """``30s``, ``10m``, ``2h``, ``7d`` or plain seconds."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", text)
-    if not match:
-        raise click.BadParameter(f"{text!r} is not a duration like 30s, 10m, 2h or 7d")
-    value, unit = float(match.group(1)), match.group(2) or "s"
-    seconds = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}[unit]
-    return timedelta(seconds=value * seconds)
-
-
-def _duration_option(ctx: click.Context, param: click.Parameter, value: str | None) -> timedelta | None:
-    return None if value is None else _duration(value)
 
 
 # worker --------------------------------------------------------------------------
@@ -163,6 +191,17 @@ def load_queue(spec: str) -> TaskQueue:
     return target
 
 
+class RedactingFormatter(logging.Formatter):
+    """Another formatter's lines with the command's secrets hidden (a driver may echo a DSN)."""
+
+    def __init__(self, inner: logging.Formatter) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def format(self, record: logging.LogRecord) -> str:
+        return redactor.text(self.inner.format(record))
+
+
 class JSONFormatter(logging.Formatter):
     """One JSON object per line, for log shippers."""
 
@@ -181,9 +220,10 @@ class JSONFormatter(logging.Formatter):
 def configure_logging(log_format: str, level: str) -> None:
     handler = logging.StreamHandler(sys.stderr)
     if log_format == "json":
-        handler.setFormatter(JSONFormatter())
+        formatter: logging.Formatter = JSONFormatter()
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        formatter = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    handler.setFormatter(RedactingFormatter(formatter))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
@@ -191,12 +231,14 @@ def configure_logging(log_format: str, level: str) -> None:
 
 @cli.command()
 @click.argument("app")
-@click.option("--concurrency", default=1, show_default=True, type=click.IntRange(1), help="Tasks at once.")
+@click.option(
+    "--concurrency", default=1, show_default=True, type=cli_params.CONCURRENCY, help="Tasks at once."
+)
 @click.option("--queues", default=None, help="Comma-separated queues to serve (default: all).")
 @click.option("--isolation", type=click.Choice(["thread", "process"]), default="thread", show_default=True)
 @click.option("--burst", is_flag=True, help="Exit once nothing is due.")
-@click.option("--poll-interval", default=1.0, show_default=True, type=click.FloatRange(min=0.001))
-@click.option("--shutdown-timeout", default=30.0, show_default=True, type=click.FloatRange(min=0))
+@click.option("--poll-interval", default=1.0, show_default=True, type=cli_params.POLL_INTERVAL)
+@click.option("--shutdown-timeout", default=30.0, show_default=True, type=cli_params.SHUTDOWN_TIMEOUT)
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info")
 @click.pass_context
@@ -216,7 +258,7 @@ def worker(
     configure_logging(log_format, log_level)
     with for_people(ctx):
         queue = load_queue(app)
-        url = queue.engine.url.render_as_string(hide_password=True)
+        url = queue.engine.url
         with for_people(ctx, url):
             queue.strategy  # noqa: B018 - connect now: a bad server fails here, in one line
             worker_ = queue.run_worker(
@@ -245,11 +287,10 @@ def migrate(ctx: click.Context, url: str | None, revision: str) -> None:
     """Create or upgrade the task table with the package's alembic migrations."""
     from sa_taskqueue.migrate import upgrade
 
-    if not url:
-        raise click.UsageError(f"no database URL: pass --url or set {URL_ENV}")
     with for_people(ctx, url):
-        upgrade(url, revision)
-    click.echo(f"migrated {_safe(url)} to {revision}")
+        checked = _checked_url(url)
+        upgrade(checked, revision)
+    click.echo(f"migrated {_safe(checked)} to {revision}")
 
 
 # enqueue, status, retry, cancel, purge ---------------------------------------------
@@ -259,10 +300,10 @@ def migrate(ctx: click.Context, url: str | None, revision: str) -> None:
 @click.argument("name")
 @click.option("--params", "params_json", default="{}", show_default=True, help="Parameters as a JSON object.")
 @click.option("--queue", "queue_name", default="default", show_default=True)
-@click.option("--priority", default=0, show_default=True, type=int)
-@click.option("--max-attempts", default=3, show_default=True, type=click.IntRange(1))
+@click.option("--priority", default=0, show_default=True, type=cli_params.COLUMN_INT)
+@click.option("--max-attempts", default=3, show_default=True, type=cli_params.ATTEMPTS)
 @click.option(
-    "--delay", callback=_duration_option, default=None, help="Run no sooner than this from now (10s, 5m, 2h)."
+    "--delay", type=cli_params.DURATION, default=None, help="Run no sooner than this from now (10s, 5m, 2h)."
 )
 @_url_option
 @click.pass_context
@@ -291,12 +332,26 @@ def enqueue(
 
 
 @cli.command()
+@click.argument("app", required=False)
 @_url_option
 @click.pass_context
-def status(ctx: click.Context, url: str | None) -> None:
-    """Counts per queue and status, the oldest due task's age, and expired leases."""
+def status(ctx: click.Context, app: str | None, url: str | None) -> None:
+    """Counts per queue and status, the oldest due task's age, and expired leases.
+
+    Given the workers' APP (MODULE:QUEUE_OBJECT), also the queued tasks whose
+    name APP does not register, which its workers leave queued; the database
+    is then APP's, unless --url is given on the command line.
+    """
     with for_people(ctx, url):
-        report = Admin(_engine(url)).status()
+        if app is None:
+            admin, registered = Admin(_engine(url)), None
+        else:
+            queue = load_queue(app)
+            url_given = ctx.get_parameter_source("url") is click.core.ParameterSource.COMMANDLINE
+            engine = _engine(url) if url_given else queue.engine
+            admin, registered = Admin(engine, queue.model), queue.task_names
+    with for_people(ctx, admin.engine.url):
+        report = admin.status(registered=registered)
     console = Console()
     table = RichTable(title="tasks")
     statuses = ["queued", "running", "completed", "failed", "cancelled"]
@@ -317,6 +372,19 @@ def status(ctx: click.Context, url: str | None) -> None:
         console.print(f"running with an expired lease (worker gone?): {len(report.expired_leases)}: {ids}")
     else:
         console.print("running with an expired lease: none")
+    if report.unregistered is not None:
+        console.print(unregistered_line(report.unregistered), markup=False, soft_wrap=True)
+
+
+def unregistered_line(unregistered: list[UnregisteredTasks]) -> str:
+    """Queued tasks whose name the loaded application does not register, by name."""
+    if not unregistered:
+        return "not registered here: none (every queued task's name is registered)"
+    names = "; ".join(
+        f"{group.name} ({group.queued} queued, oldest {_human(group.oldest_age)} ago)"
+        for group in unregistered
+    )
+    return f"not registered here: {names}"
 
 
 def _human(age: timedelta) -> str:
@@ -328,7 +396,7 @@ def _human(age: timedelta) -> str:
 
 
 @cli.command()
-@click.argument("task_id", type=int, required=False)
+@click.argument("task_id", type=cli_params.TASK_ID, required=False)
 @click.option("--all-failed", is_flag=True, help="Retry every failed task.")
 @_url_option
 @click.pass_context
@@ -344,7 +412,7 @@ def retry(ctx: click.Context, task_id: int | None, all_failed: bool, url: str | 
 
 
 @cli.command()
-@click.argument("task_id", type=int)
+@click.argument("task_id", type=cli_params.TASK_ID)
 @_url_option
 @click.pass_context
 def cancel(ctx: click.Context, task_id: int, url: str | None) -> None:
@@ -361,9 +429,9 @@ def cancel(ctx: click.Context, task_id: int, url: str | None) -> None:
 @click.option("--failed", is_flag=True, help="Delete failed tasks.")
 @click.option("--cancelled", is_flag=True, help="Delete cancelled tasks.")
 @click.option(
-    "--older-than", callback=_duration_option, required=True, help="Finished longer ago than this (7d, 12h)."
+    "--older-than", type=cli_params.DURATION, required=True, help="Finished longer ago than this (7d, 12h)."
 )
-@click.option("--batch-size", default=1000, show_default=True, type=click.IntRange(1))
+@click.option("--batch-size", default=1000, show_default=True, type=cli_params.BATCH_SIZE)
 @_url_option
 @click.pass_context
 def purge(
@@ -392,8 +460,10 @@ def purge(
 
 
 @cli.command()
-@click.option("--tasks", default=300, show_default=True, type=click.IntRange(1), help="How many tasks.")
-@click.option("--workers", default=4, show_default=True, type=click.IntRange(1), help="Worker processes.")
+@click.option("--tasks", default=300, show_default=True, type=cli_params.DEMO_TASKS, help="How many tasks.")
+@click.option(
+    "--workers", default=4, show_default=True, type=cli_params.DEMO_WORKERS, help="Worker processes."
+)
 @click.option("--url", default=DEFAULT_URL, show_default=True, help="Database URL (tables of its own).")
 @click.pass_context
 def demo(ctx: click.Context, tasks: int, workers: int, url: str) -> None:
@@ -401,6 +471,7 @@ def demo(ctx: click.Context, tasks: int, workers: int, url: str) -> None:
     console = Console()
     console.print(f"sa_taskqueue demo: {tasks} tasks, {workers} worker processes, {_safe(url)}")
     with for_people(ctx, url):
+        _checked_url(url)
         if console.is_terminal:
             with Progress(console=console, transient=True) as progress:
                 bar = progress.add_task("running", total=tasks)
