@@ -22,13 +22,16 @@ MARIADB_SKIP_LOCKED_SINCE = (10, 6)
 #: The client library's own errors (2000-2999): cannot connect, server gone
 #: away, lost connection during a query, ...
 CLIENT_ERRORS = (2000, 2999)
-#: Server errors worth retrying: too many connections (1040), shutdown in
+#: Server errors worth retrying: a write conflict (MariaDB 1020, "record has
+#: changed since last read"), too many connections (1040), shutdown in
 #: progress (1053), aborted or broken connections (1152, 1158-1161), lock
-#: wait timeout (1205), deadlock (1213), query interrupted (1317), statement
-#: time limit (MariaDB 1969, MySQL 3024), connection killed (MariaDB 1927),
-#: disconnected for inactivity (MySQL 4031).
+#: wait timeout (1205), deadlock (1213), a server read-only during a failover
+#: (1290, 1792, 1836), query interrupted (1317), statement time limit (MariaDB
+#: 1969, MySQL 3024), connection killed (MariaDB 1927), disconnected for
+#: inactivity (MySQL 4031).
 OUTAGE_ERRORS = frozenset(
-    {1040, 1053, 1152, 1158, 1159, 1160, 1161, 1205, 1213, 1317, 1927, 1969, 3024, 4031}
+    {1020, 1040, 1053, 1152, 1158, 1159, 1160, 1161, 1205, 1213, 1290, 1317, 1792, 1836, 1927, 1969}
+    | {3024, 4031}
 )
 
 

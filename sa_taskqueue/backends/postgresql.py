@@ -15,8 +15,9 @@ from sa_taskqueue.backends.base import Backend
 #: (53: too many connections), operator intervention (57: shutdown, restart,
 #: statement timeout), system error (58: I/O).
 OUTAGE_CLASSES = frozenset({"08", "40", "53", "57", "58"})
-#: Single SQLSTATEs worth retrying: lock_not_available (a lock timeout).
-OUTAGE_STATES = frozenset({"55P03"})
+#: Single SQLSTATEs worth retrying: lock_not_available (a lock timeout) and
+#: read_only_sql_transaction (a standby, during a failover).
+OUTAGE_STATES = frozenset({"55P03", "25006"})
 
 
 class PostgreSQLBackend(Backend):
