@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from sqlalchemy.orm import DeclarativeBase, Session
 
 import sa_taskqueue as tq
 from sa_taskqueue.exceptions import translate_database_errors
@@ -81,3 +83,43 @@ def test_a_server_that_cannot_be_reached_is_an_outage(backend: Backend) -> None:
     ):
         conn.execute(sa.select(1))
     engine.dispose()
+
+
+class RefusingBase(DeclarativeBase):
+    pass
+
+
+class TaskWithoutLockedBy(tq.TaskMixin, RefusingBase):
+    """A task table whose ``locked_by`` column was dropped: every claim is refused for what it asks."""
+
+    __tablename__ = "sa_taskqueue_refusing_task"
+
+
+def test_a_worker_whose_claim_is_refused_stops_with_the_error_instead_of_retrying(engine: sa.Engine) -> None:
+    RefusingBase.metadata.drop_all(engine)
+    RefusingBase.metadata.create_all(engine)
+    queue = tq.TaskQueue(engine, model=TaskWithoutLockedBy)
+    queue.task(name="noop")(lambda: None)
+    with Session(engine) as session:  # a due task, so that every strategy goes as far as its UPDATE
+        queue.enqueue(session, "noop")
+        session.commit()
+    with engine.begin() as conn:
+        conn.exec_driver_sql(f"ALTER TABLE {TaskWithoutLockedBy.__tablename__} DROP COLUMN locked_by")
+    with pytest.raises(tq.DatabaseError) as refused_claim:
+        queue.claim()
+    assert not isinstance(refused_claim.value, tq.DatabaseUnavailable)
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            tq.Worker(queue, burst=False, poll_interval=0.05, listen=False).run()
+        except tq.DatabaseError as error:
+            raised.append(error)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(timeout=30)
+    assert not worker.is_alive(), "the worker kept retrying a claim the database refuses"
+    assert len(raised) == 1
+    queue.close()
+    RefusingBase.metadata.drop_all(engine)
