@@ -158,9 +158,7 @@ class TaskQueue:
         validation.check_int("priority", priority)
         validation.check_max_attempts(max_attempts)
         validation.check_retry_delay(retry_delay)
-        options = TaskOptions(
-            queue, priority, max_attempts, retry_delay, validation.timeout_seconds(timeout)
-        )
+        options = TaskOptions(queue, priority, max_attempts, retry_delay, validation.timeout_seconds(timeout))
 
         def register(func: Callable[P, R]) -> RegisteredTask[P, R]:
             task_name = name if name is not None else f"{func.__module__}.{func.__qualname__}"
@@ -287,12 +285,15 @@ class TaskQueue:
         limit: int = 1,
         queues: Sequence[str] | None = None,
         worker_id: str | None = None,
+        names: Sequence[str] | None = None,
     ) -> list[ClaimedTask]:
         """Take up to ``limit`` due tasks for ``worker_id`` in one short transaction of its own.
 
         Each is marked RUNNING with ``attempts`` incremented and a lease of
         ``self.lease``; the claim commits before this returns.  The snapshots
-        come in claim order: priority, then run_at, then id.
+        come in claim order: priority, then run_at, then id.  ``names``, when
+        given, takes only tasks of those names (a worker passes the names it
+        has functions for).
         """
         validation.check_positive_int("limit", limit)
         queue_names: tuple[str, ...] | None = None
@@ -304,9 +305,19 @@ class TaskQueue:
                 validation.check_queue_name(queue_name)
             if not queue_names:
                 return []
+        task_names: tuple[str, ...] | None = None
+        if names is not None:
+            if isinstance(names, str):
+                raise TypeError("names must be a sequence of task names, not a single string")
+            task_names = tuple(names)
+            for task_name in task_names:
+                if not isinstance(task_name, str):
+                    raise TypeError(f"names must hold task names (strings), got {task_name!r}")
+            if not task_names:
+                return []
         strategy = self.strategy
         self._recover_if_due(strategy)
-        request = self._request(limit, queue_names, worker_id or self.default_worker_id())
+        request = self._request(limit, queue_names, worker_id or self.default_worker_id(), task_names)
         with self._database_errors():
             rows = strategy.claim(self.engine, self.table, request)
         return sorted((ClaimedTask.from_row(row) for row in rows), key=lambda t: t.sort_key)
@@ -322,10 +333,21 @@ class TaskQueue:
         with self._database_errors():
             return explain(self.engine, statement, request.params())
 
-    def _request(self, limit: int, queues: tuple[str, ...] | None, worker_id: str) -> ClaimRequest:
+    def _request(
+        self,
+        limit: int,
+        queues: tuple[str, ...] | None,
+        worker_id: str,
+        names: tuple[str, ...] | None = None,
+    ) -> ClaimRequest:
         now = self.clock()
         return ClaimRequest(
-            limit=limit, queues=queues, worker_id=worker_id, now=now, lease_until=now + self.lease
+            limit=limit,
+            queues=queues,
+            worker_id=worker_id,
+            now=now,
+            lease_until=now + self.lease,
+            names=names,
         )
 
     def recover(self) -> int:

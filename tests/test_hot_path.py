@@ -26,8 +26,6 @@ from tests.helpers import task_row, task_rows
 TABLE = tq.Task.__table__
 
 
-
-
 def backend_pid(queue: tq.TaskQueue) -> int:
     """The server's id for the connection the strategy keeps for single statements."""
     sql = {
