@@ -29,6 +29,7 @@ from sa_taskqueue.registered import DEFAULT_RETRY_DELAY, RegisteredTask, TaskOpt
 from sa_taskqueue.strategies import registry
 from sa_taskqueue.strategies.base import ClaimStrategy
 from sa_taskqueue.strategies.claiming import ClaimRequest
+from sa_taskqueue.strategies.lease import LEASE_EXPIRED_ERROR
 from sa_taskqueue.types import utcnow
 
 if TYPE_CHECKING:
@@ -424,6 +425,24 @@ class TaskQueue:
             "locked_until": None,
         }
         return self._finish(claimed, values, self.clock())
+
+    def outcome_written(self, claimed: ClaimedTask, *, completed: bool) -> bool:
+        """Whether this claim's own outcome is in the row: completed, or else failed or set to retry.
+
+        For a write whose answer was lost with its connection: the write may
+        have committed, and its retry then finds the task no longer held.
+        Only this claim can have written it while the row still carries the
+        claim's identity, but for lease recovery, whose error text says so.
+        """
+        _check_claimed(claimed)
+        with self._database_errors():
+            found = self.strategy.claim_outcome(self.engine, self.table, claimed)
+        if found is None:
+            return False
+        status, last_error = found
+        if completed:
+            return status == TaskStatus.COMPLETED
+        return status in (TaskStatus.QUEUED, TaskStatus.FAILED) and last_error != LEASE_EXPIRED_ERROR
 
     def extend_leases(self, claimed: Sequence[ClaimedTask]) -> set[int]:
         """Renew the lease of each task still held; return the ids renewed (the worker's heartbeat)."""

@@ -402,7 +402,14 @@ class Worker:
             logger.warning("task %d %s: outcome not recorded, the task was taken over", *_ids(task))
 
     def _write_successes(self, tasks: Sequence[ClaimedTask], results: Sequence[Any]) -> set[int] | None:
-        return self._through_outage(lambda: self.queue.complete_many(tasks, results), tasks)
+        def landed(written: set[int]) -> set[int]:
+            return written | {
+                task.id
+                for task in tasks
+                if task.id not in written and self.queue.outcome_written(task, completed=True)
+            }
+
+        return self._through_outage(lambda: self.queue.complete_many(tasks, results), tasks, landed)
 
     def _record_success(self, task: ClaimedTask, result: Any) -> None:
         self._record(task, Outcome(result=result))
@@ -414,7 +421,9 @@ class Worker:
                 if outcome.error is None:
                     try:
                         recorded = self._through_outage(
-                            partial(self.queue.complete, task, outcome.result), [task]
+                            partial(self.queue.complete, task, outcome.result),
+                            [task],
+                            partial(self._landed, task, completed=True),
                         )
                     except TypeError as error:
                         # A result that cannot be stored (not JSON): the run
@@ -423,7 +432,11 @@ class Worker:
                         continue
                 else:
                     error_value: BaseException | str = outcome.error_text or outcome.error
-                    recorded = self._through_outage(partial(self.queue.fail, task, error_value), [task])
+                    recorded = self._through_outage(
+                        partial(self.queue.fail, task, error_value),
+                        [task],
+                        partial(self._landed, task, completed=False),
+                    )
             except DatabaseError as error:
                 if outcome.error is None:
                     # The database refused the result itself (e.g. NaN in JSON).
@@ -436,12 +449,20 @@ class Worker:
                 logger.warning("task %d %s: outcome not recorded, the task was taken over", *_ids(task))
             return
 
-    def _through_outage(self, write: Callable[[], T], tasks: Sequence[ClaimedTask]) -> T | None:
+    def _landed(self, task: ClaimedTask, written: bool, *, completed: bool) -> bool:
+        return written or self.queue.outcome_written(task, completed=completed)
+
+    def _through_outage(
+        self, write: Callable[[], T], tasks: Sequence[ClaimedTask], landed: Callable[[T], T]
+    ) -> T | None:
         """``write()``, retried through a database outage while a lease lasts; None if it never got through.
 
         Giving up early would run the tasks again after their lease: at least
-        once, but needlessly twice.
+        once, but needlessly twice.  A write whose connection broke may have
+        committed all the same, and then its retry finds the tasks no longer
+        held: ``landed`` corrects what the retry reports by reading the rows.
         """
+        retried = False
         backoff = 0.25
         # Past one lease from now the write would be refused anyway.
         give_up_at = time.monotonic() + self.queue.lease.total_seconds()
@@ -456,9 +477,10 @@ class Worker:
                     return None
                 time.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
+                retried = True
                 continue
             self._database_back()
-            return value
+            return landed(value) if retried else value
 
     def _hook(self, hook: Callable[..., None] | None, *args: Any) -> None:
         if hook is None:

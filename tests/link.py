@@ -3,7 +3,10 @@
 `Link` listens on a loopback port and forwards each connection to the
 server.  ``freeze()`` stops forwarding in both directions without closing
 anything: statements sent meanwhile get no answer and no error, exactly
-what a worker on the far side of a partition sees.  ``close()`` ends it.
+what a worker on the far side of a partition sees.  ``lose_next_reply()``
+lets the next statement reach the server and then cuts its connection
+before the answer comes back: the client cannot tell whether it committed.
+``close()`` ends it.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import select
 import socket
 import threading
+import time
 
 import sqlalchemy as sa
 
@@ -24,6 +28,9 @@ class Link:
         self._closed = threading.Event()
         self._sockets: list[socket.socket] = [self._listener]
         self._lock = threading.Lock()
+        self._lose_next_reply = False
+        #: How many connections were cut after their statement reached the server.
+        self.replies_lost = 0
         threading.Thread(target=self._accept, daemon=True, name="link-accept").start()
 
     def url(self, server_url: str) -> str:
@@ -37,6 +44,11 @@ class Link:
     def freeze(self) -> None:
         """Stop forwarding: nothing more reaches either side, and nothing is closed."""
         self._frozen.set()
+
+    def lose_next_reply(self) -> None:
+        """Forward the next statement any connection sends, then cut that connection unanswered."""
+        with self._lock:
+            self._lose_next_reply = True
 
     def close(self) -> None:
         self._closed.set()
@@ -61,7 +73,12 @@ class Link:
 
     def _forward(self, client: socket.socket, server: socket.socket) -> None:
         peers = {client: server, server: client}
+        cut_at: float | None = None
         while not self._closed.is_set() and not self._frozen.is_set():
+            if cut_at is not None and time.monotonic() >= cut_at:
+                client.close()
+                server.close()
+                return
             try:
                 readable, _, _ = select.select(list(peers), [], [], 0.05)
                 for sock in readable:
@@ -72,6 +89,15 @@ class Link:
                         client.close()
                         server.close()
                         return
+                    if cut_at is not None and sock is server:
+                        continue  # the answer is lost
+                    if sock is client and cut_at is None:
+                        with self._lock:
+                            doomed, self._lose_next_reply = self._lose_next_reply, False
+                        if doomed:
+                            self.replies_lost += 1
+                            # Time for the server to run (and commit) it.
+                            cut_at = time.monotonic() + 0.5
                     peers[sock].sendall(data)
             except OSError:
                 return
