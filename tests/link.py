@@ -6,7 +6,8 @@ anything: statements sent meanwhile get no answer and no error, exactly
 what a worker on the far side of a partition sees.  ``lose_next_reply()``
 lets the next statement reach the server and then cuts its connection
 before the answer comes back: the client cannot tell whether it committed.
-``close()`` ends it.
+``sever()`` closes every connection and refuses new ones until
+``restore()``: a server gone away, noticed at once.  ``close()`` ends it.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ class Link:
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port: int = self._listener.getsockname()[1]
         self._frozen = threading.Event()
+        self._severed = threading.Event()
         self._closed = threading.Event()
         self._sockets: list[socket.socket] = [self._listener]
         self._lock = threading.Lock()
@@ -45,6 +47,18 @@ class Link:
         """Stop forwarding: nothing more reaches either side, and nothing is closed."""
         self._frozen.set()
 
+    def sever(self) -> None:
+        """Close every forwarded connection, and each new one as soon as it is made."""
+        self._severed.set()
+        with self._lock:
+            for sock in self._sockets[1:]:
+                sock.close()
+            del self._sockets[1:]
+
+    def restore(self) -> None:
+        """Forward new connections again."""
+        self._severed.clear()
+
     def lose_next_reply(self) -> None:
         """Forward the next statement any connection sends, then cut that connection unanswered."""
         with self._lock:
@@ -62,6 +76,9 @@ class Link:
                 client, _ = self._listener.accept()
             except OSError:
                 return
+            if self._severed.is_set():
+                client.close()
+                continue
             if self._frozen.is_set():
                 with self._lock:
                     self._sockets.append(client)  # accepted, never answered

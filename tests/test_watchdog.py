@@ -231,3 +231,34 @@ def test_a_worker_cut_off_from_the_database_is_dead_before_its_lease_ends(
         assert_never_twice_at_once(spans, deaths)
     finally:
         link.close()
+
+
+@pytest.mark.backends("postgres", "mysql", "mariadb")
+def test_a_task_process_whose_lease_cannot_be_renewed_is_stopped_and_its_worker_lives_on(
+    backend: Backend,
+    engine: sa.Engine,
+    default_queue: tq.TaskQueue,
+    spans: Path,
+    deaths: Deaths,
+    processes: list[subprocess.Popen[str]],
+) -> None:
+    server = sa.make_url(backend.url)
+    link = Link(server.host or "127.0.0.1", server.port or 5432)
+    try:
+        task_id = enqueue_one(default_queue, engine, "span", {"key": 1, "seconds": 3 * LEASE})
+        first, first_log = worker(link.url(backend.url), spans, "--isolation", "process")
+        processes.append(first)
+        run = first_run(spans)
+        deaths.watch(run.pid)
+        link.sever()  # every renewal now fails at once
+        first_log.wait_for(lambda line: "its process was stopped" in line, 30, "the worker to stop its task")
+        wait_until(lambda: deaths.dead_at(run.pid) is not None, 10, "the task's process to end")
+        link.restore()
+        second, _ = worker(backend.url, spans, "--isolation", "process")
+        processes.append(second)
+        wait_until(lambda: completed(engine, task_id), 60, "the second worker to complete the task")
+        assert first.poll() is None, "the worker itself lives on"
+        assert len(runs(spans)) == 2
+        assert_never_twice_at_once(spans, deaths)
+    finally:
+        link.close()
