@@ -20,6 +20,7 @@ from sa_taskqueue.admin import cancel_queued
 from sa_taskqueue.backends import backend_for
 from sa_taskqueue.bulk_insert import insert_rows
 from sa_taskqueue.claimed import ClaimedTask
+from sa_taskqueue.claimed_params import json_loads
 from sa_taskqueue.error_text import format_error
 from sa_taskqueue.exceptions import translate_database_errors
 from sa_taskqueue.explain import explain
@@ -158,9 +159,7 @@ class TaskQueue:
         validation.check_int("priority", priority)
         validation.check_max_attempts(max_attempts)
         validation.check_retry_delay(retry_delay)
-        options = TaskOptions(
-            queue, priority, max_attempts, retry_delay, validation.timeout_seconds(timeout)
-        )
+        options = TaskOptions(queue, priority, max_attempts, retry_delay, validation.timeout_seconds(timeout))
 
         def register(func: Callable[P, R]) -> RegisteredTask[P, R]:
             task_name = name if name is not None else f"{func.__module__}.{func.__qualname__}"
@@ -309,7 +308,8 @@ class TaskQueue:
         request = self._request(limit, queue_names, worker_id or self.default_worker_id())
         with self._database_errors():
             rows = strategy.claim(self.engine, self.table, request)
-        return sorted((ClaimedTask.from_row(row) for row in rows), key=lambda t: t.sort_key)
+        loads = json_loads(self.engine.dialect)
+        return sorted((ClaimedTask.from_row(row, loads) for row in rows), key=lambda t: t.sort_key)
 
     def explain_claim(self, *, limit: int = 10, queues: Sequence[str] | None = None) -> str:
         """The database's plan for the statement a claim runs to find its rows (nothing is claimed).
@@ -380,15 +380,18 @@ class TaskQueue:
         with self._database_errors():
             return self.strategy.complete_many(self.engine, self.table, tasks, values, now)
 
-    def fail(self, claimed: ClaimedTask, error: BaseException | str) -> bool:
+    def fail(self, claimed: ClaimedTask, error: BaseException | str, *, retry: bool = True) -> bool:
         """Record ``error``; retry later with backoff while attempts remain, else mark FAILED.
 
+        ``retry=False`` marks it FAILED now, whatever attempts remain, and so
+        does a ``malformed`` task, which no attempt could ever run.  The error
+        is stored as `format_error` leaves it: storable, and bounded in length.
         False if ``claimed`` no longer holds the task (its outcome is then
         someone else's to write).
         """
         now = self.clock()
         values: dict[str, Any] = {"last_error": format_error(error), "locked_until": None}
-        if claimed.attempts < claimed.max_attempts:
+        if retry and claimed.malformed is None and claimed.attempts < claimed.max_attempts:
             values.update(status=TaskStatus.QUEUED, run_at=now + self.retry_delay(claimed))
         else:
             values.update(status=TaskStatus.FAILED, finished_at=now)
