@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from sa_taskqueue.backends import backend_for
 from sa_taskqueue.claimed import ClaimedTask
 from sa_taskqueue.completions import Completions
+from sa_taskqueue.error_text import error_message
 from sa_taskqueue.exceptions import DatabaseError, DatabaseUnavailable, MalformedTask, TaskNotRegistered
 from sa_taskqueue.execution import ChildProcess, GivenBack, Outcome, run_in_thread
 from sa_taskqueue.notify import Listener
@@ -327,7 +328,7 @@ class Worker:
                 *_ids(task),
                 task.attempts,
                 duration,
-                outcome.error,
+                error_message(outcome.error),
             )
             self._record(task, outcome)
             self._hook(self.on_failure, task, outcome.error)
