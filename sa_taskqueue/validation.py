@@ -84,7 +84,12 @@ def _check_value(value: Any, depth: int) -> None:
         return
     elif isinstance(value, int):
         if not PARAMS_INT_MIN <= value <= PARAMS_INT_MAX:
-            raise _Refused(ValueError, f"integers must fit in 64 bits, got {value}")
+            # (Named by size: printing a huge integer can itself fail, past 4,300 digits.)
+            raise _Refused(
+                ValueError,
+                f"integers must fit in 64 bits ({PARAMS_INT_MIN} to {PARAMS_INT_MAX}), "
+                f"got one of {value.bit_length()} bits",
+            )
     elif isinstance(value, float):
         if not math.isfinite(value):
             raise _Refused(ValueError, f"numbers must be finite (JSON has no NaN or infinity), got {value}")

@@ -30,6 +30,12 @@ POISONS = [
         id="nested-5000-deep",
         marks=pytest.mark.backends("sqlite", "postgres"),  # MariaDB refuses to store it at all
     ),
+    pytest.param(
+        "{not json",
+        "params is not valid JSON: Expecting property name",
+        id="not-json",
+        marks=pytest.mark.backends("sqlite"),  # the others check JSON as they store it
+    ),
 ]
 
 
