@@ -12,6 +12,7 @@ from sa_taskqueue.claimed import ClaimedTask
 from sa_taskqueue.exceptions import (
     DatabaseError,
     DatabaseUnavailable,
+    MalformedTask,
     SchemaMissing,
     StrategyError,
     TaskNotRegistered,
@@ -29,6 +30,7 @@ __all__ = [
     "ClaimedTask",
     "DatabaseError",
     "DatabaseUnavailable",
+    "MalformedTask",
     "RegisteredTask",
     "SchemaMissing",
     "StrategyError",

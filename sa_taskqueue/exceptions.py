@@ -29,6 +29,14 @@ class TaskNotRegistered(TaskQueueError, LookupError):
         self.name = name
 
 
+class MalformedTask(TaskQueueError):
+    """A claimed row cannot be run as it stands (its params are not a JSON object); it fails for good.
+
+    Such a row was written around the queue (raw SQL); running it again could
+    never succeed, so it is not retried.
+    """
+
+
 class DatabaseError(TaskQueueError):
     """The database refused a statement (bad data, a constraint, a permission).
 
@@ -110,6 +118,7 @@ def _has_table(engine: Engine, table: Table) -> bool:
 __all__ = [
     "DatabaseError",
     "DatabaseUnavailable",
+    "MalformedTask",
     "SchemaMissing",
     "StrategyError",
     "TaskNotRegistered",

@@ -20,9 +20,11 @@ from sa_taskqueue.admin import cancel_queued
 from sa_taskqueue.backends import backend_for
 from sa_taskqueue.bulk_insert import insert_rows
 from sa_taskqueue.claimed import ClaimedTask
+from sa_taskqueue.claimed_params import json_loads
 from sa_taskqueue.error_text import format_error
 from sa_taskqueue.exceptions import translate_database_errors
 from sa_taskqueue.explain import explain
+from sa_taskqueue.limits import ColumnLimits
 from sa_taskqueue.model import Task, TaskMixin, TaskStatus
 from sa_taskqueue.notify import notify_enqueued
 from sa_taskqueue.registered import DEFAULT_RETRY_DELAY, RegisteredTask, TaskOptions, retry_delay
@@ -77,6 +79,8 @@ class TaskQueue:
         if not isinstance(table, Table):
             raise TypeError(f"model must be a mapped TaskMixin class, got {model!r}")
         self.table: Table = table
+        #: What the table's columns hold: every enqueue is checked against it.
+        self._limits = ColumnLimits.of(table)
         if not isinstance(lease, timedelta) or lease <= timedelta(0):
             raise ValueError(f"lease must be a positive timedelta, got {lease!r}")
         if not callable(clock):
@@ -155,9 +159,9 @@ class TaskQueue:
         """
         if callable(name):
             return self.task()(name)
-        validation.check_queue_name(queue)
-        validation.check_int("priority", priority)
-        validation.check_max_attempts(max_attempts)
+        validation.check_queue_name(queue, self._limits)
+        validation.check_priority(priority, self._limits)
+        validation.check_max_attempts(max_attempts, self._limits)
         validation.check_retry_delay(retry_delay)
         options = TaskOptions(queue, priority, max_attempts, retry_delay, validation.timeout_seconds(timeout))
 
@@ -165,6 +169,7 @@ class TaskQueue:
             task_name = name if name is not None else f"{func.__module__}.{func.__qualname__}"
             if not isinstance(task_name, str) or not task_name:
                 raise ValueError(f"task name must be a non-empty string, got {task_name!r}")
+            validation.check_task_name(task_name, self._limits)
             existing = self._tasks.get(task_name)
             if existing is not None and existing.func is not func:
                 raise ValueError(f"a task is already registered under {task_name!r}: {existing.func!r}")
@@ -255,13 +260,18 @@ class TaskQueue:
         run_at: datetime | None,
         max_attempts: int | None,
     ) -> dict[str, Any]:
-        """A registered task's row: the call's values, else the registration's defaults, all checked."""
-        registered = self._tasks.get(name) if isinstance(name, str) else None
+        """A registered task's row: the call's values, else the registration's defaults, all checked.
+
+        Params are checked against the task function's signature too.
+        """
+        if not isinstance(name, str):
+            raise TypeError(f"name must be a string, got {type(name).__name__}")
+        registered = self._tasks.get(name)
         if registered is None:
             known = ", ".join(repr(n) for n in self.task_names) or "none"
             raise ValueError(f"name: no task registered under {name!r} (registered: {known})")
         options = registered.options
-        return validation.task_values(
+        values = validation.task_values(
             name,
             {} if params is None else params,
             queue=options.queue if queue is None else queue,
@@ -269,7 +279,10 @@ class TaskQueue:
             max_attempts=options.max_attempts if max_attempts is None else max_attempts,
             run_at=run_at,
             now=self.clock(),
+            limits=self._limits,
         )
+        registered.check_params(values["params"])
+        return values
 
     # Claim and finish ------------------------------------------------------
 
@@ -321,7 +334,8 @@ class TaskQueue:
         request = self._request(limit, queue_names, worker_id or self.default_worker_id(), task_names)
         with self._database_errors():
             rows = strategy.claim(self.engine, self.table, request)
-        return sorted((ClaimedTask.from_row(row) for row in rows), key=lambda t: t.sort_key)
+        loads = json_loads(self.engine.dialect)
+        return sorted((ClaimedTask.from_row(row, loads) for row in rows), key=lambda t: t.sort_key)
 
     def explain_claim(self, *, limit: int = 10, queues: Sequence[str] | None = None) -> str:
         """The database's plan for the statement a claim runs to find its rows (nothing is claimed).
@@ -403,15 +417,18 @@ class TaskQueue:
         with self._database_errors():
             return self.strategy.complete_many(self.engine, self.table, tasks, values, now)
 
-    def fail(self, claimed: ClaimedTask, error: BaseException | str) -> bool:
+    def fail(self, claimed: ClaimedTask, error: BaseException | str, *, retry: bool = True) -> bool:
         """Record ``error``; retry later with backoff while attempts remain, else mark FAILED.
 
+        ``retry=False`` marks it FAILED now, whatever attempts remain, and so
+        does a ``malformed`` task, which no attempt could ever run.  The error
+        is stored as `format_error` leaves it: storable, and bounded in length.
         False if ``claimed`` no longer holds the task (its outcome is then
         someone else's to write).
         """
         now = self.clock()
         values: dict[str, Any] = {"last_error": format_error(error), "locked_until": None}
-        if claimed.attempts < claimed.max_attempts:
+        if retry and claimed.malformed is None and claimed.attempts < claimed.max_attempts:
             values.update(status=TaskStatus.QUEUED, run_at=now + self.retry_delay(claimed))
         else:
             values.update(status=TaskStatus.FAILED, finished_at=now)

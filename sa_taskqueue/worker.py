@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from sa_taskqueue.backends import backend_for
 from sa_taskqueue.claimed import ClaimedTask
 from sa_taskqueue.completions import Completions
-from sa_taskqueue.exceptions import DatabaseError, DatabaseUnavailable, TaskNotRegistered
+from sa_taskqueue.error_text import error_message
+from sa_taskqueue.exceptions import DatabaseError, DatabaseUnavailable, MalformedTask, TaskNotRegistered
 from sa_taskqueue.execution import ChildProcess, GivenBack, Outcome, run_in_thread
 from sa_taskqueue.notify import Listener
 from sa_taskqueue.validation import is_storable
@@ -324,7 +325,9 @@ class Worker:
         registered = self.queue.registered(task.name)
         logger.info("task %d %s attempt %d started", *_ids(task), task.attempts)
         self._hook(self.on_start, task)
-        if registered is None:
+        if task.malformed is not None:
+            outcome = Outcome(error=MalformedTask(task.malformed))  # it cannot run: it fails, unrun
+        elif registered is None:
             # Only registered functions run: a row's name is never imported.
             outcome = Outcome(error=TaskNotRegistered(task.name))
         elif self.isolation == "process":
@@ -362,7 +365,7 @@ class Worker:
                 *_ids(task),
                 task.attempts,
                 duration,
-                outcome.error,
+                error_message(outcome.error),
             )
             self._record(task, outcome)
             self._hook(self.on_failure, task, outcome.error)

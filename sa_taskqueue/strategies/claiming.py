@@ -15,6 +15,7 @@ from typing import Any
 
 from sqlalchemy import BindParameter, ColumnElement, Integer, Select, Table, and_, bindparam, select
 
+from sa_taskqueue.claimed_params import params_as_text
 from sa_taskqueue.model import TaskStatus, has_status
 
 # The claim's parameters (not column names: those are taken by the SET clause's own).
@@ -128,8 +129,17 @@ READ_BACK = ("id", "name", "queue", "priority", "params", "attempts", "max_attem
 
 
 def read_back(table: Table) -> list[Any]:
-    """The `READ_BACK` columns of ``table``."""
-    return [table.c[name] for name in READ_BACK]
+    """The `READ_BACK` columns of ``table``, params as text (each row's is decoded on its own)."""
+    return [_as_read(table.c[name]) for name in READ_BACK]
+
+
+def whole_row(table: Table) -> list[Any]:
+    """Every column of ``table``, params as text: for strategies that read a claimed row whole."""
+    return [_as_read(column) for column in table.c]
+
+
+def _as_read(column: Any) -> Any:
+    return params_as_text(column) if column.key == "params" else column
 
 
 def claimed_row(row: Mapping[str, Any], request: ClaimRequest) -> dict[str, Any]:
@@ -164,4 +174,5 @@ __all__ = [
     "name_params",
     "queue_params",
     "read_back",
+    "whole_row",
 ]
