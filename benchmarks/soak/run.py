@@ -1,0 +1,277 @@
+"""One soak run: one backend, one fault, a fresh table of tasks drained by real workers while it strikes.
+
+The fault strikes ``injections`` times, the k-th once k/(injections+1) of the
+tasks are COMPLETED, each after the queue recovered from the one before, and
+only while tasks are running where it strikes (a SIGKILL picks the worker
+running the most).  A queue that drains before then gets fewer strikes; the
+report says how many it got.  Every wait is bounded: the run ends at
+``run_timeout`` whatever state the queue is in, and says so.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks.soak.deaths import DeathWatch
+from benchmarks.soak.events import Execution, ExecutionLog
+from benchmarks.soak.faults import Fault, Injector, injector
+from benchmarks.soak.results import Injection, RunResult, describe, overlapping_executions
+from benchmarks.soak.server import WheelPostgres
+from benchmarks.soak.table import TaskTable, durations, seed_tasks
+from benchmarks.soak.workers import WorkerPool
+
+#: The loop's turn: how often the execution log is read and the workers looked at.
+TURN = 0.02
+#: How often the table is read while the queue recovers from a fault, and otherwise.
+POLL_RECOVERING = 0.1
+POLL_STEADY = 0.25
+#: How long, once the run is over, the final reads may be retried (a server coming back).
+FINAL_READ_WINDOW = 30.0
+
+
+@dataclass(frozen=True)
+class SoakSettings:
+    tasks: int
+    lease: float
+    workers: int
+    concurrency: int
+    injections: int
+    stop_for: float
+    run_timeout: float
+    seed: int
+    keep: bool
+
+
+class SoakRun:
+    """The state of one run while it goes: workers, log, deaths, table reads and injections."""
+
+    def __init__(
+        self,
+        backend: str,
+        url: str,
+        fault: Fault,
+        settings: SoakSettings,
+        directory: Path,
+        server: WheelPostgres | None,
+    ) -> None:
+        self.settings = settings
+        self.fault = fault
+        self.directory = directory
+        self.log = ExecutionLog(directory / "executions.log")
+        self.deaths = DeathWatch()
+        self.table = TaskTable(url)
+        self.pool = WorkerPool(
+            settings.workers,
+            settings.concurrency,
+            fault.isolation,
+            url,
+            settings.lease,
+            self.log.path,
+            directory,
+        )
+        self.injector: Injector = injector(fault, self.pool, url, server, settings.stop_for)
+        self.url = url
+        self.result = RunResult(
+            backend=backend,
+            fault=fault.name,
+            isolation=fault.isolation,
+            tasks=settings.tasks,
+            injections_wanted=0 if fault.kind == "none" else settings.injections,
+            directory=str(directory),
+        )
+        self.counts: dict[str, int] = {}
+
+    # The run -------------------------------------------------------------------
+
+    def run(self) -> RunResult:
+        started = time.time()
+        seed_tasks(self.url, durations(self.settings.tasks, self.settings.lease, self.settings.seed))
+        self.deaths.start()
+        try:
+            self.pool.start()
+            for pid in self.pool.pids():
+                self.deaths.watch(pid)
+            self._drain(started + self.settings.run_timeout)
+            self._record_end_state()
+        finally:
+            self.injector.finish()
+            self.pool.stop()
+            self._await_deaths()
+            self.deaths.stop()
+            self.table.close()
+        self._analyse()
+        self.result.seconds = time.time() - started
+        self.result.worker_restarts = self.pool.restarts()
+        self.result.unexpected_exits = list(self.pool.unexpected_exits)
+        return self.result
+
+    def _drain(self, deadline: float) -> None:
+        next_read = 0.0
+        while True:
+            now = time.time()
+            self._read_log()
+            for worker in self.pool.restart_exited():
+                self.deaths.watch(worker.pid)
+            self.injector.tick(now)
+            if now >= next_read:
+                counts = self.table.counts()
+                if counts is not None:
+                    self.counts = counts
+                    self._follow_recovery(time.time())
+                recovering = any(i.recovered is None for i in self.result.injections)
+                next_read = now + (POLL_RECOVERING if recovering else POLL_STEADY)
+            if self._drained() and not self.injector.active:
+                return
+            if now >= deadline:
+                left = {k: v for k, v in sorted(self.counts.items()) if k != "completed"}
+                self.result.timed_out = f"not drained within {self.settings.run_timeout:g}s (left: {left})"
+                return
+            self._maybe_inject()
+            time.sleep(TURN)
+
+    def _drained(self) -> bool:
+        return (
+            sum(self.counts.values()) == self.settings.tasks
+            and self.counts.get("queued", 0) == 0
+            and self.counts.get("running", 0) == 0
+        )
+
+    def _read_log(self) -> None:
+        for execution in self.log.read_new():
+            self.deaths.watch(execution.pid, execution.born)
+
+    def _running(self) -> list[Execution]:
+        """Executions still running now: no end line, and their process not seen dead."""
+        for execution in self.log.open_executions():
+            execution.died = self.deaths.died_at(execution.pid, execution.born)
+        return self.log.open_executions()
+
+    # Injections ------------------------------------------------------------------
+
+    def _maybe_inject(self) -> None:
+        done = len(self.result.injections)
+        if done >= self.result.injections_wanted or self.injector.active:
+            return
+        if self.result.injections and self.result.injections[-1].recovered is None:
+            return
+        threshold = self.settings.tasks * (done + 1) / (self.result.injections_wanted + 1)
+        if self.counts.get("completed", 0) < threshold:
+            return
+        running = self._running()
+        if self.fault.one_worker:
+            per_worker = Counter(e.worker for e in running if e.worker in self.pool.pids())
+            if not per_worker:
+                return
+            victim: int | None = per_worker.most_common(1)[0][0]
+            struck = [e for e in running if e.worker == victim]
+        else:
+            victim, struck = None, running
+            if not struck:
+                return
+        before = self.table.counts()
+        if before is None:
+            return
+        injection = Injection(
+            number=done + 1,
+            at=time.time(),
+            victim=victim,
+            affected=sorted({e.task for e in struck}),
+            completed_before=before.get("completed", 0),
+        )
+        injection.note = self.injector.inject(victim)
+        self.result.injections.append(injection)
+
+    def _follow_recovery(self, now: float) -> None:
+        for injection in self.result.injections:
+            if injection.stall is None and self.counts.get("completed", 0) > injection.completed_before:
+                injection.stall = now - injection.at
+            if injection.recovered is None:
+                if not injection.affected:
+                    injection.recovered = 0.0
+                    continue
+                completed = self.table.completed_among(injection.affected)
+                if completed == len(injection.affected):
+                    injection.recovered = time.time() - injection.at
+
+    # The end ---------------------------------------------------------------------
+
+    def _record_end_state(self) -> None:
+        """The statuses as the run ended, before stopping the workers gives running tasks back."""
+        deadline = time.monotonic() + FINAL_READ_WINDOW
+        counts = self.table.counts()
+        while counts is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+            counts = self.table.counts()
+        if counts is None:
+            self.result.error = "the table could not be read at the end of the run"
+            return
+        self.result.statuses_at_end = counts
+        self.result.left_running = counts.get("running", 0)
+
+    def _await_deaths(self) -> None:
+        """Give the death watch time to see every stopped process gone (bounded)."""
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            self._read_log()
+            if not self._running():
+                break
+            time.sleep(0.05)
+        self._read_log()
+        self._running()
+
+    def _analyse(self) -> None:
+        result = self.result
+        executions = list(self.log.executions.values())
+        result.executions = len(executions)
+        result.reruns = len(executions) - len({e.task for e in executions})
+        result.unfinished_executions = sum(1 for e in executions if e.finished is None)
+        result.unattributed_executions = sum(1 for e in executions if e.task < 0)
+        pairs = overlapping_executions(executions)
+        result.overlapping = len({first.task for first, _ in pairs})
+        result.overlaps = [describe(first, later) for first, later in pairs[:20]]
+        statuses = self._final_statuses()
+        if statuses is None:
+            result.error = result.error or "the task statuses could not be read after the run"
+            return
+        ran_to_end = {e.task for e in executions if e.ended is not None}
+        completed = {task for task, status in statuses.items() if status == "completed"}
+        result.failed = sum(1 for status in statuses.values() if status == "failed")
+        result.completed_unexecuted = len(completed - ran_to_end)
+        result.lost = len(statuses) - len(completed) + result.completed_unexecuted
+
+    def _final_statuses(self) -> dict[int, str] | None:
+        table = TaskTable(self.url)
+        try:
+            deadline = time.monotonic() + FINAL_READ_WINDOW
+            statuses = table.statuses()
+            while statuses is None and time.monotonic() < deadline:
+                time.sleep(0.5)
+                statuses = table.statuses()
+            return statuses
+        finally:
+            table.close()
+
+
+def soak_run(
+    backend: str,
+    url: str,
+    fault: Fault,
+    settings: SoakSettings,
+    directory: Path,
+    server: WheelPostgres | None,
+) -> RunResult:
+    """Run one backend/fault; its directory (logs, execution log) is kept only when it fails, or if asked."""
+    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        result = SoakRun(backend, url, fault, settings, directory, server).run()
+    except Exception as error:  # noqa: BLE001 - one broken run is reported, the others still run
+        result = RunResult(backend, fault.name, fault.isolation, settings.tasks, directory=str(directory))
+        result.error = f"the run failed: {type(error).__name__}: {error}"
+    if not result.problems and not settings.keep:
+        shutil.rmtree(directory, ignore_errors=True)
+        result.directory = ""
+    return result
