@@ -19,7 +19,7 @@ import sqlalchemy as sa
 
 import sa_taskqueue as tq
 from benchmarks.soak.environment import LEASE_ENV, LOG_ENV, URL_ENV
-from benchmarks.soak.events import append, end_event, open_log, start_event
+from benchmarks.soak.events import append, end_event, open_log, ready_event, start_event
 from sa_taskqueue.claimed import ClaimedTask
 from sa_taskqueue.worker import Worker
 
@@ -37,9 +37,14 @@ def note_claim(task: ClaimedTask) -> None:
 
 
 class SoakQueue(tq.TaskQueue):
-    """A queue whose workers call `note_claim` before each task (the command line takes no hooks)."""
+    """A queue whose workers say when they are ready, and call `note_claim` before each task.
+
+    (The command line takes no hooks.)  The command line has connected by
+    the time it calls `run_worker`.
+    """
 
     def run_worker(self, **options: Any) -> Worker:  # type: ignore[override]
+        append(_log, ready_event())
         return super().run_worker(**options, on_start=note_claim)
 
 

@@ -1,5 +1,7 @@
 """The execution log: one line per start and per end of a task's run, appended by the task itself.
 
+(And one line per worker once it is connected and about to claim.)
+
 It is a file, not a table, so that what it says cannot be lost with the
 task's transaction, nor with a connection or a server that the soak kills.
 Each line is written by one ``os.write`` on an ``O_APPEND`` descriptor and is
@@ -67,6 +69,11 @@ def end_event(run: str) -> dict[str, Any]:
     return {"event": "end", "run": run, "at": time.time()}
 
 
+def ready_event() -> dict[str, Any]:
+    """A worker connected and about to claim: the soak adds its tasks once every worker is."""
+    return {"event": "ready", "pid": os.getpid(), "at": time.time()}
+
+
 @dataclass
 class Execution:
     """One run of one task: where it ran, when it started, and when it ended or its process died."""
@@ -96,6 +103,7 @@ class ExecutionLog:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.executions: dict[str, Execution] = {}
+        self.ready: set[int] = set()
         self._offset = 0
         self._pending_ends: dict[str, float] = {}
 
@@ -125,6 +133,8 @@ class ExecutionLog:
                 )
                 self.executions[execution.run] = execution
                 started.append(execution)
+            elif event["event"] == "ready":
+                self.ready.add(event["pid"])
             elif event["run"] in self.executions:
                 self.executions[event["run"]].ended = event["at"]
             else:  # never expected: one process writes a run's start before its end

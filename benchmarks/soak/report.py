@@ -77,5 +77,8 @@ def print_report(console: Console, results: list[RunResult], title: str) -> None
             console.print(f"{where}: skipped: {result.skipped}", markup=False, highlight=False)
         elif result.problems:
             console.print(f"{where}: FAIL: {'; '.join(result.problems)}", markup=False, highlight=False)
-            if result.directory:
-                console.print(f"{where}: logs kept in {result.directory}", markup=False, highlight=False)
+        if result.unexpected_exits and not result.skipped:
+            exits = "; ".join(result.unexpected_exits)
+            console.print(f"{where}: note: restarted after exiting: {exits}", markup=False, highlight=False)
+        if result.problems and result.directory:
+            console.print(f"{where}: logs kept in {result.directory}", markup=False, highlight=False)

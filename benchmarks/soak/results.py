@@ -10,15 +10,19 @@
   that ran to its end.
 - **left RUNNING**: rows still RUNNING when the run ended (before the workers
   were stopped, since stopping them gives running tasks back).
-- **stall**: from the moment a fault strikes until the table next shows more
-  COMPLETED rows than just before it: how long the queue as a whole stopped.
-- **recover**: from the moment a fault strikes until every task that was
-  running in the processes it struck (all workers, for the faults on the
-  database) is COMPLETED.  Both are read by polling the table every 100 ms,
-  and the table shows the largest over the run's injections.
+- **stall**: from the moment a fault strikes until the first task completes
+  after it (its ``finished_at``): how long the queue as a whole stopped.
+- **recover**: from the moment a fault strikes until the last of the tasks it
+  struck completes: those running in the processes it struck (all workers,
+  for the faults on the database) when it struck, begun or only claimed.
+  Both are read from the table's ``finished_at``, written with the workers'
+  clock, the soak's own; the table shows the largest over the run's strikes.
+- **run s**: from adding the tasks to the end of the drain.
 
 A run fails when it shows any overlap, lost task or task left RUNNING, when
-it ran out of time, or when a worker exited without being killed.
+it ran out of time, or when a worker did not stop within its shutdown time.
+Workers that exited on their own (one that starts while the database is
+down exits 1, as designed) are restarted and listed, without failing the run.
 """
 
 from __future__ import annotations
@@ -37,8 +41,8 @@ class Injection:
     number: int
     at: float
     victim: int | None
+    #: Tasks the fault struck: running (begun or only claimed) where and when it struck.
     affected: list[int]
-    completed_before: int
     note: str = ""
     stall: float | None = None
     recovered: float | None = None
@@ -50,7 +54,8 @@ class RunResult:
     fault: str
     isolation: str
     tasks: int
-    seconds: float = 0.0
+    seconds: float = 0.0  # from adding the tasks to the end of the drain
+    total_seconds: float = 0.0  # with the workers' start and stop
     executions: int = 0
     reruns: int = 0
     overlapping: int = 0
@@ -64,6 +69,7 @@ class RunResult:
     injections_wanted: int = 0
     worker_restarts: int = 0
     unexpected_exits: list[str] = field(default_factory=list)
+    hung_workers: list[str] = field(default_factory=list)
     unfinished_executions: int = 0
     unattributed_executions: int = 0
     timed_out: str = ""
@@ -95,7 +101,7 @@ class RunResult:
             )
             if count
         ]
-        found.extend(self.unexpected_exits)
+        found.extend(self.hung_workers)
         if self.timed_out:
             found.append(self.timed_out)
         if self.error:

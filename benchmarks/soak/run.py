@@ -16,6 +16,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchmarks.backends import fresh_table
 from benchmarks.soak.deaths import DeathWatch
 from benchmarks.soak.events import Execution, ExecutionLog
 from benchmarks.soak.faults import Fault, Injector, injector
@@ -88,14 +89,24 @@ class SoakRun:
     # The run -------------------------------------------------------------------
 
     def run(self) -> RunResult:
+        """Start the workers on an empty table, add the tasks once all are ready, drain, and analyse.
+
+        The tasks wait for the last worker, so that every worker has a share
+        of them to be struck in, however slowly the machine starts Python.
+        """
         started = time.time()
-        seed_tasks(self.url, durations(self.settings.tasks, self.settings.lease, self.settings.seed))
+        fresh_table(self.url)
+        sleeps = durations(self.settings.tasks, self.settings.lease, self.settings.seed)
         self.deaths.start()
         try:
             self.pool.start()
             for pid in self.pool.pids():
                 self.deaths.watch(pid)
-            self._drain(started + self.settings.run_timeout)
+            if self._await_ready(started + self.settings.run_timeout):
+                seeded = time.time()
+                seed_tasks(self.url, sleeps)
+                self._drain(started + self.settings.run_timeout)
+                self.result.seconds = time.time() - seeded
             self._record_end_state()
         finally:
             self.injector.finish()
@@ -104,10 +115,23 @@ class SoakRun:
             self.deaths.stop()
             self.table.close()
         self._analyse()
-        self.result.seconds = time.time() - started
+        self.result.total_seconds = time.time() - started
         self.result.worker_restarts = self.pool.restarts()
         self.result.unexpected_exits = list(self.pool.unexpected_exits)
+        self.result.hung_workers = list(self.pool.hung)
         return self.result
+
+    def _await_ready(self, deadline: float) -> bool:
+        """Wait for every worker to connect (restarting any that exit), at most until ``deadline``."""
+        while time.time() < deadline:
+            self._read_log()
+            for worker in self.pool.restart_exited():
+                self.deaths.watch(worker.pid)
+            if all(pid in self.log.ready for pid in self.pool.pids()):
+                return True
+            time.sleep(TURN)
+        self.result.timed_out = f"the workers were not all ready within {self.settings.run_timeout:g}s"
+        return False
 
     def _drain(self, deadline: float) -> None:
         next_read = 0.0
@@ -121,7 +145,7 @@ class SoakRun:
                 counts = self.table.counts()
                 if counts is not None:
                     self.counts = counts
-                    self._follow_recovery(time.time())
+                    self._follow_recovery()
                 recovering = any(i.recovered is None for i in self.result.injections)
                 next_read = now + (POLL_RECOVERING if recovering else POLL_STEADY)
             if self._drained() and not self.injector.active:
@@ -162,40 +186,47 @@ class SoakRun:
         if self.counts.get("completed", 0) < threshold:
             return
         running = self._running()
+        victim: int | None = None
         if self.fault.one_worker:
             per_worker = Counter(e.worker for e in running if e.worker in self.pool.pids())
             if not per_worker:
                 return
-            victim: int | None = per_worker.most_common(1)[0][0]
-            struck = [e for e in running if e.worker == victim]
-        else:
-            victim, struck = None, running
-            if not struck:
-                return
-        before = self.table.counts()
-        if before is None:
+            victim = per_worker.most_common(1)[0][0]
+        elif not running:
             return
-        injection = Injection(
-            number=done + 1,
-            at=time.time(),
-            victim=victim,
-            affected=sorted({e.task for e in struck}),
-            completed_before=before.get("completed", 0),
-        )
-        injection.note = self.injector.inject(victim)
+        claimed = self.table.running_ids()
+        if claimed is None:
+            return
+        at = time.time()
+        note = self.injector.inject(victim)
+        if victim is not None:
+            # What the struck worker held: claimed, whether or not begun.
+            claimed = self.table.running_ids(victim) or []
+        # Every line written before the strike is in the file by now.
+        self._read_log()
+        struck = {
+            e.task
+            for e in self.log.executions.values()
+            if (victim is None or e.worker == victim)
+            and e.started <= at
+            and (e.ended is None or e.ended > at)
+        }
+        injection = Injection(done + 1, at, victim, sorted(struck | set(claimed)), note)
         self.result.injections.append(injection)
 
-    def _follow_recovery(self, now: float) -> None:
+    def _follow_recovery(self) -> None:
         for injection in self.result.injections:
-            if injection.stall is None and self.counts.get("completed", 0) > injection.completed_before:
-                injection.stall = now - injection.at
+            if injection.stall is None:
+                first = self.table.first_completion_after(injection.at)
+                if first is not None:
+                    injection.stall = first - injection.at
             if injection.recovered is None:
                 if not injection.affected:
                     injection.recovered = 0.0
                     continue
-                completed = self.table.completed_among(injection.affected)
-                if completed == len(injection.affected):
-                    injection.recovered = time.time() - injection.at
+                last = self.table.last_completion_of(injection.affected)
+                if last is not None:
+                    injection.recovered = max(last - injection.at, 0.0)
 
     # The end ---------------------------------------------------------------------
 

@@ -13,7 +13,6 @@ from datetime import UTC, datetime, timedelta
 import sqlalchemy as sa
 
 import sa_taskqueue as tq
-from benchmarks.backends import fresh_table
 
 #: Lost attempts are what the soak causes, several per run: a task should not
 #: run out of them, so that a FAILED row means something other than a fault.
@@ -34,8 +33,7 @@ def durations(count: int, lease: float, seed: int) -> list[float]:
 
 
 def seed_tasks(url: str, sleeps: list[float]) -> None:
-    """A fresh table holding one due ``soak`` task per sleep."""
-    fresh_table(url)
+    """One due ``soak`` task per sleep, committed together."""
     engine = sa.create_engine(url)
     now = datetime.now(UTC)
     base = {
@@ -74,16 +72,41 @@ class TaskTable:
         except sa.exc.DBAPIError:
             return None
 
-    def completed_among(self, ids: list[int]) -> int | None:
-        """How many of ``ids`` are COMPLETED."""
-        query = sa.select(sa.func.count()).where(
+    def running_ids(self, worker_pid: int | None = None) -> list[int] | None:
+        """Tasks RUNNING now: all, or those claimed by the worker process ``worker_pid``."""
+        query = sa.select(self.table.c.id).where(self.table.c.status == tq.TaskStatus.RUNNING)
+        if worker_pid is not None:  # worker ids are host:pid:token
+            query = query.where(self.table.c.locked_by.like(f"%:{worker_pid}:%"))
+        try:
+            with self.engine.connect() as conn:
+                return [int(task_id) for task_id in conn.execute(query).scalars()]
+        except sa.exc.DBAPIError:
+            return None
+
+    def first_completion_after(self, moment: float) -> float | None:
+        """When the first task completed after ``moment`` (epoch seconds); None if none yet, or no answer."""
+        query = sa.select(sa.func.min(self.table.c.finished_at)).where(
+            self.table.c.status == tq.TaskStatus.COMPLETED,
+            self.table.c.finished_at > datetime.fromtimestamp(moment, UTC),
+        )
+        try:
+            with self.engine.connect() as conn:
+                first = conn.execute(query).scalar_one()
+        except sa.exc.DBAPIError:
+            return None
+        return None if first is None else _epoch(first)
+
+    def last_completion_of(self, ids: list[int]) -> float | None:
+        """When the last of ``ids`` completed, once all have; None until then, or with no answer."""
+        query = sa.select(sa.func.count(), sa.func.max(self.table.c.finished_at)).where(
             self.table.c.id.in_(ids), self.table.c.status == tq.TaskStatus.COMPLETED
         )
         try:
             with self.engine.connect() as conn:
-                return int(conn.execute(query).scalar_one())
+                completed, last = conn.execute(query).one()
         except sa.exc.DBAPIError:
             return None
+        return _epoch(last) if completed == len(ids) and last is not None else None
 
     def statuses(self) -> dict[int, str] | None:
         """Every task's status, by id."""
@@ -96,3 +119,10 @@ class TaskTable:
 
     def close(self) -> None:
         self.engine.dispose()
+
+
+def _epoch(moment: datetime) -> float:
+    """Epoch seconds of a datetime read back from the table (aware UTC; naive taken as UTC)."""
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.timestamp()

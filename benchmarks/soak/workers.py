@@ -51,8 +51,11 @@ class WorkerPool:
     execution_log: Path
     directory: Path
     workers: list[WorkerProcess] = field(default_factory=list)
-    #: Exits the soak did not cause: a worker that crashed or gave up.
+    #: Exits the soak did not cause, such as a worker that could not reach the
+    #: database as it started (it says so and exits 1, as designed).
     unexpected_exits: list[str] = field(default_factory=list)
+    #: Workers that did not stop within their shutdown time.
+    hung: list[str] = field(default_factory=list)
     _killed: set[int] = field(default_factory=set)
 
     def start(self) -> None:
@@ -142,10 +145,11 @@ class WorkerPool:
                 while not exited(worker.pid) and time.monotonic() < deadline:
                     time.sleep(0.05)
                 if not exited(worker.pid):
-                    self.unexpected_exits.append(f"worker {worker.pid} did not stop on SIGTERM")
+                    self.hung.append(f"worker {worker.pid} did not stop on SIGTERM")
                 os.killpg(worker.pid, signal.SIGKILL)  # its task children too, whatever became of it
             code = worker.process.wait()
-            if code != 0 and worker.pid not in self._killed:
+            # -SIGTERM: a worker still starting, before it handles the signal.
+            if code not in (0, -signal.SIGTERM) and worker.pid not in self._killed:
                 self.unexpected_exits.append(f"worker {worker.pid} exited with code {code} on SIGTERM")
             worker.log.close()
 
