@@ -142,7 +142,7 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     console = Console()
     if not console.is_terminal:
-        console = Console(width=200)  # the table's 15 columns, unwrapped, in a log or a pipe
+        console = Console(width=200)  # the table's 16 columns, unwrapped, in a log or a pipe
     started = time.time()
     workdir = Path(tempfile.mkdtemp(prefix="sa_taskqueue_soak_"))
     results = run_all(args, console, workdir)

@@ -5,6 +5,10 @@
 - **overlapping**: tasks two of whose executions intersect in time, each
   execution lasting from its start line to its end line, or, when its process
   was killed before writing one, to the first moment its process was seen dead.
+- **stale starts**: executions that began after a later attempt of their task
+  had already begun elsewhere: a worker starting a task whose claim it had
+  lost meanwhile (after a SIGSTOP, say).  Shown, not failed on: such a run
+  overlaps nothing, and its outcome is refused.
 - **lost**: tasks not COMPLETED when the run ended (FAILED ones included,
   also counted apart as **failed**), plus tasks COMPLETED without any execution
   that ran to its end.
@@ -60,6 +64,7 @@ class RunResult:
     reruns: int = 0
     overlapping: int = 0
     overlaps: list[dict[str, Any]] = field(default_factory=list)
+    stale_starts: int = 0
     lost: int = 0
     failed: int = 0
     completed_unexecuted: int = 0
@@ -133,6 +138,19 @@ def overlapping_executions(executions: list[Execution]) -> list[tuple[Execution,
                 if later.started < first_end:
                     pairs.append((first, later))
     return pairs
+
+
+def stale_starts(executions: list[Execution]) -> int:
+    """Executions begun after an execution of a later attempt of the same task had begun."""
+    by_task: dict[int, list[Execution]] = defaultdict(list)
+    for execution in executions:
+        by_task[execution.task].append(execution)
+    return sum(
+        1
+        for runs in by_task.values()
+        for run in runs
+        if any(other.attempt > run.attempt and other.started < run.started for other in runs)
+    )
 
 
 def describe(first: Execution, later: Execution) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from benchmarks.backends import fresh_table
 from benchmarks.soak.deaths import DeathWatch
 from benchmarks.soak.events import Execution, ExecutionLog
 from benchmarks.soak.faults import Fault, Injector, injector
-from benchmarks.soak.results import Injection, RunResult, describe, overlapping_executions
+from benchmarks.soak.results import Injection, RunResult, describe, overlapping_executions, stale_starts
 from benchmarks.soak.server import WheelPostgres
 from benchmarks.soak.table import TaskTable, durations, seed_tasks
 from benchmarks.soak.workers import WorkerPool
@@ -264,6 +264,7 @@ class SoakRun:
         pairs = overlapping_executions(executions)
         result.overlapping = len({first.task for first, _ in pairs})
         result.overlaps = [describe(first, later) for first, later in pairs[:20]]
+        result.stale_starts = stale_starts(executions)
         statuses = self._final_statuses()
         if statuses is None:
             result.error = result.error or "the task statuses could not be read after the run"
