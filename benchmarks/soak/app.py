@@ -43,7 +43,7 @@ class SoakQueue(tq.TaskQueue):
     the time it calls `run_worker`.
     """
 
-    def run_worker(self, **options: Any) -> Worker:  # type: ignore[override]
+    def run_worker(self, **options: Any) -> Worker:
         append(_log, ready_event())
         return super().run_worker(**options, on_start=note_claim)
 

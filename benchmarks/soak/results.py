@@ -19,6 +19,8 @@
 - **recover**: from the moment a fault strikes until the last of the tasks it
   struck completes: those running in the processes it struck (all workers,
   for the faults on the database) when it struck, begun or only claimed.
+  So it includes what was left of their own run time (most take 0-20 ms, a
+  few up to 1.25 leases) and, for a task taken from a worker, the lease.
   Both are read from the table's ``finished_at``, written with the workers'
   clock, the soak's own; the table shows the largest over the run's strikes.
 - **run s**: from adding the tasks to the end of the drain.

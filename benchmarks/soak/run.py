@@ -30,6 +30,8 @@ TURN = 0.02
 #: How often the table is read while the queue recovers from a fault, and otherwise.
 POLL_RECOVERING = 0.1
 POLL_STEADY = 0.25
+#: The longest wait for every worker to connect, before any task is added.
+READY_TIMEOUT = 120.0
 #: How long, once the run is over, the final reads may be retried (a server coming back).
 FINAL_READ_WINDOW = 30.0
 
@@ -123,14 +125,18 @@ class SoakRun:
 
     def _await_ready(self, deadline: float) -> bool:
         """Wait for every worker to connect (restarting any that exit), at most until ``deadline``."""
+        deadline = min(deadline, time.time() + READY_TIMEOUT)
         while time.time() < deadline:
             self._read_log()
             for worker in self.pool.restart_exited():
                 self.deaths.watch(worker.pid)
             if all(pid in self.log.ready for pid in self.pool.pids()):
                 return True
+            if len(self.pool.unexpected_exits) > 2 * self.settings.workers:
+                self.result.error = f"the workers keep exiting as they start (logs in {self.directory})"
+                return False
             time.sleep(TURN)
-        self.result.timed_out = f"the workers were not all ready within {self.settings.run_timeout:g}s"
+        self.result.timed_out = "the workers were not all connected in time"
         return False
 
     def _drain(self, deadline: float) -> None:

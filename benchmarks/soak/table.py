@@ -49,7 +49,7 @@ def seed_tasks(url: str, sleeps: list[float]) -> None:
     with engine.begin() as conn:
         for start in range(0, len(sleeps), 5000):
             rows = [{**base, "params": {"sleep": round(s, 4)}} for s in sleeps[start : start + 5000]]
-            conn.execute(tq.Task.__table__.insert(), rows)
+            conn.execute(sa.insert(tq.Task), rows)
     engine.dispose()
 
 
@@ -61,7 +61,7 @@ class TaskTable:
         if not url.startswith("sqlite"):
             connect_args = {"connect_timeout": 3}
         self.engine = sa.create_engine(url, poolclass=sa.pool.NullPool, connect_args=connect_args)
-        self.table = tq.Task.__table__
+        self.table: sa.Table = tq.Task.__table__  # type: ignore[assignment]
 
     def counts(self) -> dict[str, int] | None:
         """Tasks per status."""
