@@ -30,7 +30,7 @@ from benchmarks.soak.server import WheelPostgres
 from benchmarks.soak.workers import WorkerPool
 
 KINDS = ("none", "sigkill", "sigstop", "connections", "restart")
-DEFAULT_FAULTS = "none,sigkill,sigstop,sigstop-process,connections,restart"
+DEFAULT_FAULTS = "none,sigkill,sigkill-process,sigstop,sigstop-process,connections,restart"
 
 
 @dataclass(frozen=True)

@@ -74,6 +74,7 @@ class RunResult:
     statuses_at_end: dict[str, int] = field(default_factory=dict)
     injections: list[Injection] = field(default_factory=list)
     injections_wanted: int = 0
+    strikes_ended: str = ""  # why fewer strikes than wanted
     worker_restarts: int = 0
     unexpected_exits: list[str] = field(default_factory=list)
     hung_workers: list[str] = field(default_factory=list)

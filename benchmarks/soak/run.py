@@ -1,10 +1,12 @@
 """One soak run: one backend, one fault, a fresh table of tasks drained by real workers while it strikes.
 
 The fault strikes ``injections`` times, the k-th once k/(injections+1) of the
-tasks are COMPLETED, each after the queue recovered from the one before, and
-only while tasks are running where it strikes (a SIGKILL picks the worker
-running the most).  A queue that drains before then gets fewer strikes; the
-report says how many it got.  Every wait is bounded: the run ends at
+tasks are COMPLETED, whether or not the queue has recovered from the strike
+before (a SIGSTOP is over, though), and only while tasks are running where it
+strikes (a one-worker fault picks the worker holding the most).  It strikes
+no more once fewer than two tasks per slot are queued, since the other
+workers could no longer show whether the queue stalls; a queue that drains
+early gets fewer strikes, and the report says how many it got.  Every wait is bounded: the run ends at
 ``run_timeout`` whatever state the queue is in, and says so.
 """
 
@@ -12,7 +14,6 @@ from __future__ import annotations
 
 import shutil
 import time
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -184,21 +185,28 @@ class SoakRun:
 
     def _maybe_inject(self) -> None:
         done = len(self.result.injections)
-        if done >= self.result.injections_wanted or self.injector.active:
-            return
-        if self.result.injections and self.result.injections[-1].recovered is None:
+        if done >= self.result.injections_wanted or self.injector.active or self.result.strikes_ended:
             return
         threshold = self.settings.tasks * (done + 1) / (self.result.injections_wanted + 1)
         if self.counts.get("completed", 0) < threshold:
             return
-        running = self._running()
+        before = self.table.counts()
+        if before is None:
+            return
+        minimum = self.settings.workers * self.settings.concurrency * 2
+        if before.get("queued", 0) < minimum:
+            # Too little work left for the others to show whether the queue stalls.
+            self.result.strikes_ended = f"no more strikes after {done}: fewer than {minimum} tasks queued"
+            return
         victim: int | None = None
         if self.fault.one_worker:
-            per_worker = Counter(e.worker for e in running if e.worker in self.pool.pids())
-            if not per_worker:
+            # The worker holding the most tasks, begun or only claimed.
+            held = self.table.running_per_worker()
+            held = {pid: count for pid, count in (held or {}).items() if pid in self.pool.pids()}
+            if not held:
                 return
-            victim = per_worker.most_common(1)[0][0]
-        elif not running:
+            victim = max(held, key=held.__getitem__)
+        elif not self._running():
             return
         claimed = self.table.running_ids()
         if claimed is None:

@@ -83,6 +83,25 @@ class TaskTable:
         except sa.exc.DBAPIError:
             return None
 
+    def running_per_worker(self) -> dict[int, int] | None:
+        """How many tasks each worker process holds RUNNING, by pid (worker ids are host:pid:token)."""
+        query = (
+            sa.select(self.table.c.locked_by, sa.func.count())
+            .where(self.table.c.status == tq.TaskStatus.RUNNING)
+            .group_by(self.table.c.locked_by)
+        )
+        try:
+            with self.engine.connect() as conn:
+                rows = conn.execute(query).all()
+        except sa.exc.DBAPIError:
+            return None
+        held: dict[int, int] = {}
+        for locked_by, count in rows:
+            parts = str(locked_by).split(":")
+            if len(parts) >= 3 and parts[-2].isdigit():
+                held[int(parts[-2])] = held.get(int(parts[-2]), 0) + int(count)
+        return held
+
     def first_completion_after(self, moment: float) -> float | None:
         """When the first task completed after ``moment`` (epoch seconds); None if none yet, or no answer."""
         query = sa.select(sa.func.min(self.table.c.finished_at)).where(
