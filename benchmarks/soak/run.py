@@ -6,8 +6,10 @@ before (a SIGSTOP is over, though), and only while tasks are running where it
 strikes (a one-worker fault picks the worker holding the most).  It strikes
 no more once fewer than two tasks per slot are queued, since the other
 workers could no longer show whether the queue stalls; a queue that drains
-early gets fewer strikes, and the report says how many it got.  Every wait is bounded: the run ends at
-``run_timeout`` whatever state the queue is in, and says so.
+early gets fewer strikes, and the report says how many it got.
+
+Every wait is bounded: the run ends at ``run_timeout`` whatever state the
+queue is in, and says so.
 """
 
 from __future__ import annotations
