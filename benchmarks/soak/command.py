@@ -6,9 +6,10 @@ slots each) with a lease of ``--lease`` seconds, while the fault strikes
 ``--injections`` times.  Each task logs its own start and end to a file, and
 the soak reads from it, from the processes' deaths and from the table whether
 any task ran twice at once, was lost, or was left RUNNING; see
-`benchmarks.soak.results` for what each column means.  The exit code is 1
-when any run shows one of those, ran out of time, or saw a worker exit
-unbidden, so the soak can gate a release.
+`benchmarks.soak.results` for what each column means, and
+`benchmarks.soak.faults` for the faults.  The exit code is 1 when any run
+shows one of those, ran out of time, or had a worker that would not stop, so
+the soak can gate a release.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 
 from rich.console import Console
 
-from benchmarks.backends import backend
+from benchmarks.backends import DEFAULT_URLS, backend
 from benchmarks.soak.faults import DEFAULT_FAULTS, Fault, why_not
 from benchmarks.soak.report import print_report
 from benchmarks.soak.results import RunResult
@@ -41,7 +42,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="URLs from SA_TASKQUEUE_BENCH_<BACKEND>_URL, as for the other benchmarks; "
         "SQLite defaults to a fresh file per run",
     )
-    parser.add_argument("--faults", default=DEFAULT_FAULTS, help="KIND or KIND-process, comma-separated")
+    parser.add_argument(
+        "--faults",
+        default=DEFAULT_FAULTS,
+        help=f"KIND or KIND-process (process isolation), comma-separated; default {DEFAULT_FAULTS}",
+    )
     parser.add_argument("--tasks", type=int, default=20000, help="tasks per backend and fault")
     parser.add_argument("--lease", type=float, default=3.0, help="the workers' lease, seconds")
     parser.add_argument("--workers", type=int, default=4, help="worker processes")
@@ -52,7 +57,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=1, help="for the tasks' random durations")
     parser.add_argument("--keep", action="store_true", help="keep every run's logs, not only failed ones'")
     parser.add_argument("--json", default=str(RESULTS / "soak.json"))
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    try:
+        args.fault_list = [Fault.parse(name) for name in args.faults.split(",") if name.strip()]
+    except ValueError as error:
+        parser.error(str(error))
+    args.backend_list = [name.strip() for name in args.backends.split(",") if name.strip()]
+    unknown = [name for name in args.backend_list if name not in DEFAULT_URLS]
+    if unknown:
+        parser.error(f"unknown backend(s) {', '.join(unknown)}: choose from {', '.join(DEFAULT_URLS)}")
+    return args
 
 
 def url_variable(name: str) -> str:
@@ -102,11 +116,11 @@ class RestartableServer:
 
 def run_all(args: argparse.Namespace, console: Console, workdir: Path) -> list[RunResult]:
     settings = settings_from(args)
-    faults = [Fault.parse(name) for name in args.faults.split(",") if name.strip()]
+    faults: list[Fault] = args.fault_list
     restartable = RestartableServer(console)
     results = []
     try:
-        for name in (n.strip() for n in args.backends.split(",") if n.strip()):
+        for name in args.backend_list:
             target = backend(name)
             for fault in faults:
                 label = name
@@ -156,7 +170,7 @@ def main(argv: list[str]) -> int:
     print_report(console, results, title)
     failed = [result for result in results if result.problems]
     report: dict[str, Any] = {
-        "settings": vars(args),
+        "settings": {k: v for k, v in vars(args).items() if k not in ("fault_list", "backend_list")},
         "seconds": elapsed,
         "passed": not failed,
         "runs": [result.as_json() for result in results],
