@@ -26,7 +26,9 @@
 - **run s**: from adding the tasks to the end of the drain.
 
 A run fails when it shows any overlap, lost task or task left RUNNING, when
-it ran out of time, or when a worker did not stop within its shutdown time.
+it ran out of time, when a worker did not stop within its shutdown time, or
+when the soak's own record is in doubt (an execution not told its task, or
+still running once every worker is stopped).
 Workers that exited on their own (one that starts while the database is
 down exits 1, as designed) are restarted and listed, without failing the run.
 """
