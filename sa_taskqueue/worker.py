@@ -325,6 +325,13 @@ class Worker:
         registered = self.queue.registered(task.name)
         logger.info("task %d %s attempt %d started", *_ids(task), task.attempts)
         self._hook(self.on_start, task)
+        if time.monotonic() >= kill_at(slot.renewed_at, self.queue.lease.total_seconds()):
+            # Claimed, but not started before its lease could end (the process
+            # was stopped, say): another worker may hold it by now.
+            logger.warning("task %d %s: not started, its lease may have ended meanwhile", *_ids(task))
+            slot.lease_lost = True
+            self._finished(slot)
+            return
         if task.malformed is not None:
             outcome = Outcome(error=MalformedTask(task.malformed))  # it cannot run: it fails, unrun
         elif registered is None:
