@@ -1,5 +1,8 @@
 """``python -m benchmarks``: drain, enqueue, pickup latency and depth scaling, beside the raw driver.
 
+``python -m benchmarks soak [options]`` runs the reliability soak instead
+(workers under injected faults; see ``python -m benchmarks soak --help``).
+
 Every throughput figure is the median of ``--repeats`` runs with min and max
 beside it; every ratio compares figures measured in this run on this server.
 Latency percentiles are taken over all samples of one run.
@@ -13,6 +16,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -325,7 +329,16 @@ def write_results(run: Run, results: dict[str, Any], started: float) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run the chosen sections in a fixed order; every section key is in the JSON, empty when not run."""
+    """Run the chosen sections in a fixed order; every section key is in the JSON, empty when not run.
+
+    ``soak`` as the first argument runs the soak, with options of its own,
+    and exits with its verdict.
+    """
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["soak"]:
+        from benchmarks.soak.command import main as soak
+
+        sys.exit(soak(argv[1:]))
     run = Run.from_args(parse_args(argv))
     sections = set(run.args.sections.split(","))
     results: dict[str, Any] = {"machine": machine(), **{name: [] for name in SECTIONS}}

@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 from sa_taskqueue import validation
 from sa_taskqueue.backends import backend_for
 from sa_taskqueue.exceptions import translate_database_errors
+from sa_taskqueue.limits import ColumnLimits
 from sa_taskqueue.model import Task, TaskMixin, TaskStatus, has_status
 from sa_taskqueue.notify import notify_enqueued
 from sa_taskqueue.types import utcnow
@@ -73,15 +74,8 @@ class Admin:
         delay: timedelta | None = None,
     ) -> int:
         """Insert one task by name (no registration is checked here: workers check it)."""
-        now = utcnow()
-        values = validation.task_values(
-            name,
-            params,
-            queue=queue,
-            priority=priority,
-            max_attempts=max_attempts,
-            run_at=now + delay if delay else None,
-            now=now,
+        values = self.task_values(
+            name, params, queue=queue, priority=priority, max_attempts=max_attempts, delay=delay
         )
         with translate_database_errors(self.engine, self.table), Session(self.engine) as session:
             task = self.model(**values)
@@ -90,6 +84,29 @@ class Admin:
             notify_enqueued(session, self.table, [queue])
             session.commit()
             return task.id
+
+    def task_values(
+        self,
+        name: str,
+        params: dict[str, Any],
+        *,
+        queue: str = "default",
+        priority: int = 0,
+        max_attempts: int = 3,
+        delay: timedelta | None = None,
+    ) -> dict[str, Any]:
+        """The checked column values of the task `enqueue` inserts; nothing touches the database."""
+        now = utcnow()
+        return validation.task_values(
+            name,
+            params,
+            queue=queue,
+            priority=priority,
+            max_attempts=max_attempts,
+            run_at=validation.run_at_after(now, delay) if delay else None,
+            now=now,
+            limits=ColumnLimits.of(self.table),
+        )
 
     def status(self, registered: Collection[str] | None = None) -> StatusReport:
         """The table at a glance; given an application's ``registered`` names, what it leaves queued."""

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
+
+from sa_taskqueue.claimed_params import Loads, decode_params
 
 #: What tells one claim of a task from every other: id, worker, attempt and
 #: start time.  Worker and attempt alone repeat when a task is given back
@@ -23,6 +26,10 @@ class ClaimedTask:
     claim: ``complete`` and ``fail`` only act while the row still carries all
     three, so a worker whose lease has expired (and whose task someone else
     claimed) cannot overwrite the new holder's outcome.
+
+    ``malformed`` says why a row cannot run as it stands (its params are not
+    a JSON object, written around the queue); ``params`` is then empty, and
+    the worker records the task as failed for good without running anything.
     """
 
     id: int
@@ -37,16 +44,23 @@ class ClaimedTask:
     started_at: datetime
     locked_by: str
     locked_until: datetime
+    malformed: str | None = None
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> ClaimedTask:
-        """Build a snapshot from a claimed row (a mapping of column name to value)."""
+    def from_row(cls, row: Mapping[str, Any], loads: Loads = json.loads) -> ClaimedTask:
+        """Build a snapshot from a claimed row (a mapping of column name to value).
+
+        The row's params may be JSON text, decoded here with ``loads``; a row
+        whose params are not a JSON object becomes a ``malformed`` snapshot
+        rather than an error, so that the rest of its batch runs.
+        """
+        params, malformed = decode_params(row["params"], loads)
         return cls(
             id=row["id"],
             name=row["name"],
             queue=row["queue"],
             priority=row["priority"],
-            params=dict(row["params"] or {}),
+            params=dict(params),
             attempts=row["attempts"],
             max_attempts=row["max_attempts"],
             run_at=row["run_at"],
@@ -54,6 +68,7 @@ class ClaimedTask:
             started_at=row["started_at"],
             locked_by=row["locked_by"],
             locked_until=row["locked_until"],
+            malformed=malformed,
         )
 
     @property

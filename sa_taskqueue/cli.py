@@ -322,10 +322,20 @@ def enqueue(
         params = json.loads(params_json)
     except json.JSONDecodeError as error:
         raise click.BadParameter(f"not JSON: {error}", param_hint="--params") from error
+    except RecursionError:
+        raise click.BadParameter("nested too deeply", param_hint="--params") from None
     if not isinstance(params, dict):
         raise click.BadParameter('must be a JSON object, like {"to": "a@example.com"}', param_hint="--params")
     with for_people(ctx, url):
-        task_id = Admin(_engine(url)).enqueue(
+        admin = Admin(_engine(url))
+        try:
+            # Every value is checked before anything reaches the database.
+            admin.task_values(
+                name, params, queue=queue_name, priority=priority, max_attempts=max_attempts, delay=delay
+            )
+        except (TypeError, ValueError) as error:
+            raise Failure(str(error)) from error
+        task_id = admin.enqueue(
             name, params, queue=queue_name, priority=priority, max_attempts=max_attempts, delay=delay
         )
     click.echo(f"enqueued task {task_id} ({name})")

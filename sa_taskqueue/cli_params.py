@@ -53,7 +53,8 @@ class BoundedInt(_IntParam):
             except ValueError:
                 self.fail(f"{value!r} is not a whole number {self.allowed}", param, ctx)
         if not self.low <= number <= self.high:
-            self.fail(f"{value} is out of range: it must be {self.allowed}", param, ctx)
+            what = param.name if param is not None and param.name else "the value"
+            self.fail(f"{what} must be {self.allowed}, got {value}", param, ctx)
         return number
 
     @property
@@ -99,7 +100,11 @@ class Duration(_DurationParam):
         if not match:
             self.fail(f"{value!r} is not a duration like 30s, 10m, 2h or 7d", param, ctx)
         seconds = float(match.group(1)) * _UNITS[match.group(2) or "s"]
-        if not math.isfinite(seconds) or seconds > self.longest.total_seconds():
+        if not math.isfinite(seconds) or seconds > timedelta.max.total_seconds():
+            self.fail(
+                f"{value!r} is longer than any date a database stores: it must be {self.allowed}", param, ctx
+            )
+        if seconds > self.longest.total_seconds():
             self.fail(f"{value} is out of range: it must be {self.allowed}", param, ctx)
         return timedelta(seconds=seconds)
 

@@ -31,6 +31,14 @@ class TaskNotRegistered(TaskQueueError, LookupError):
         self.name = name
 
 
+class MalformedTask(TaskQueueError):
+    """A claimed row cannot be run as it stands (its params are not a JSON object); it fails for good.
+
+    Such a row was written around the queue (raw SQL); running it again could
+    never succeed, so it is not retried.
+    """
+
+
 class DatabaseError(TaskQueueError):
     """The database refused a statement (bad data, a constraint, a permission).
 
@@ -136,6 +144,7 @@ __all__ = [
     "DatabaseBusy",
     "DatabaseError",
     "DatabaseUnavailable",
+    "MalformedTask",
     "SchemaMissing",
     "StrategyError",
     "TaskNotRegistered",

@@ -57,7 +57,10 @@ class PreparedStatement:
                 value = bind.effective_value
                 self._fixed[name] = processor(value) if processor is not None else value
         self._dialect = dialect
+        # What the statement returns, by name: a table's column or an
+        # expression labelled with one's name (the params read as text).
         self._columns = {column.name: column for column in table.c}
+        self._columns.update({column.key: column for column in getattr(statement, "exported_columns", ())})
         self._result_processors: dict[str, Processor | None] = {}
 
     def execute(self, conn: Connection, params: Mapping[str, Any]) -> CursorResult[Any]:
@@ -78,7 +81,7 @@ class PreparedStatement:
     def rows(self, conn: Connection, params: Mapping[str, Any]) -> list[dict[str, Any]]:
         """Run the statement and return its rows as dicts of column name to processed value.
 
-        Every column it returns must be a column of the table.
+        Every column it returns must be a column of the table or a labelled expression.
         """
         if not self.direct:
             return [dict(row) for row in conn.execute(self.statement, dict(params)).mappings()]

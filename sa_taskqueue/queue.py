@@ -20,15 +20,18 @@ from sa_taskqueue.admin import cancel_queued
 from sa_taskqueue.backends import backend_for
 from sa_taskqueue.bulk_insert import insert_rows
 from sa_taskqueue.claimed import ClaimedTask
+from sa_taskqueue.claimed_params import json_loads
 from sa_taskqueue.error_text import format_error
 from sa_taskqueue.exceptions import translate_database_errors
 from sa_taskqueue.explain import explain
+from sa_taskqueue.limits import ColumnLimits
 from sa_taskqueue.model import Task, TaskMixin, TaskStatus
 from sa_taskqueue.notify import notify_enqueued
 from sa_taskqueue.registered import DEFAULT_RETRY_DELAY, RegisteredTask, TaskOptions, retry_delay
 from sa_taskqueue.strategies import registry
 from sa_taskqueue.strategies.base import ClaimStrategy
 from sa_taskqueue.strategies.claiming import ClaimRequest
+from sa_taskqueue.strategies.lease import LEASE_EXPIRED_ERROR
 from sa_taskqueue.types import utcnow
 
 if TYPE_CHECKING:
@@ -76,6 +79,8 @@ class TaskQueue:
         if not isinstance(table, Table):
             raise TypeError(f"model must be a mapped TaskMixin class, got {model!r}")
         self.table: Table = table
+        #: What the table's columns hold: every enqueue is checked against it.
+        self._limits = ColumnLimits.of(table)
         if not isinstance(lease, timedelta) or lease <= timedelta(0):
             raise ValueError(f"lease must be a positive timedelta, got {lease!r}")
         if not callable(clock):
@@ -154,9 +159,9 @@ class TaskQueue:
         """
         if callable(name):
             return self.task()(name)
-        validation.check_queue_name(queue)
-        validation.check_column_int("priority", priority)
-        validation.check_max_attempts(max_attempts)
+        validation.check_queue_name(queue, self._limits)
+        validation.check_priority(priority, self._limits)
+        validation.check_max_attempts(max_attempts, self._limits)
         validation.check_retry_delay(retry_delay)
         options = TaskOptions(queue, priority, max_attempts, retry_delay, validation.timeout_seconds(timeout))
 
@@ -164,6 +169,7 @@ class TaskQueue:
             task_name = name if name is not None else f"{func.__module__}.{func.__qualname__}"
             if not isinstance(task_name, str) or not task_name:
                 raise ValueError(f"task name must be a non-empty string, got {task_name!r}")
+            validation.check_task_name(task_name, self._limits)
             existing = self._tasks.get(task_name)
             if existing is not None and existing.func is not func:
                 raise ValueError(f"a task is already registered under {task_name!r}: {existing.func!r}")
@@ -254,13 +260,18 @@ class TaskQueue:
         run_at: datetime | None,
         max_attempts: int | None,
     ) -> dict[str, Any]:
-        """A registered task's row: the call's values, else the registration's defaults, all checked."""
-        registered = self._tasks.get(name) if isinstance(name, str) else None
+        """A registered task's row: the call's values, else the registration's defaults, all checked.
+
+        Params are checked against the task function's signature too.
+        """
+        if not isinstance(name, str):
+            raise TypeError(f"name must be a string, got {type(name).__name__}")
+        registered = self._tasks.get(name)
         if registered is None:
             known = ", ".join(repr(n) for n in self.task_names) or "none"
             raise ValueError(f"name: no task registered under {name!r} (registered: {known})")
         options = registered.options
-        return validation.task_values(
+        values = validation.task_values(
             name,
             {} if params is None else params,
             queue=options.queue if queue is None else queue,
@@ -268,7 +279,10 @@ class TaskQueue:
             max_attempts=options.max_attempts if max_attempts is None else max_attempts,
             run_at=run_at,
             now=self.clock(),
+            limits=self._limits,
         )
+        registered.check_params(values["params"])
+        return values
 
     # Claim and finish ------------------------------------------------------
 
@@ -285,12 +299,15 @@ class TaskQueue:
         limit: int = 1,
         queues: Sequence[str] | None = None,
         worker_id: str | None = None,
+        names: Sequence[str] | None = None,
     ) -> list[ClaimedTask]:
         """Take up to ``limit`` due tasks for ``worker_id`` in one short transaction of its own.
 
         Each is marked RUNNING with ``attempts`` incremented and a lease of
         ``self.lease``; the claim commits before this returns.  The snapshots
-        come in claim order: priority, then run_at, then id.
+        come in claim order: priority, then run_at, then id.  ``names``, when
+        given, takes only tasks of those names (a worker passes the names it
+        has functions for).
         """
         validation.check_positive_int("limit", limit)
         queue_names: tuple[str, ...] | None = None
@@ -302,12 +319,23 @@ class TaskQueue:
                 validation.check_queue_name(queue_name)
             if not queue_names:
                 return []
+        task_names: tuple[str, ...] | None = None
+        if names is not None:
+            if isinstance(names, str):
+                raise TypeError("names must be a sequence of task names, not a single string")
+            task_names = tuple(names)
+            for task_name in task_names:
+                if not isinstance(task_name, str):
+                    raise TypeError(f"names must hold task names (strings), got {task_name!r}")
+            if not task_names:
+                return []
         strategy = self.strategy
         self._recover_if_due(strategy)
-        request = self._request(limit, queue_names, worker_id or self.default_worker_id())
+        request = self._request(limit, queue_names, worker_id or self.default_worker_id(), task_names)
         with self._database_errors():
             rows = strategy.claim(self.engine, self.table, request)
-        return sorted((ClaimedTask.from_row(row) for row in rows), key=lambda t: t.sort_key)
+        loads = json_loads(self.engine.dialect)
+        return sorted((ClaimedTask.from_row(row, loads) for row in rows), key=lambda t: t.sort_key)
 
     def explain_claim(self, *, limit: int = 10, queues: Sequence[str] | None = None) -> str:
         """The database's plan for the statement a claim runs to find its rows (nothing is claimed).
@@ -320,10 +348,21 @@ class TaskQueue:
         with self._database_errors():
             return explain(self.engine, statement, request.params())
 
-    def _request(self, limit: int, queues: tuple[str, ...] | None, worker_id: str) -> ClaimRequest:
+    def _request(
+        self,
+        limit: int,
+        queues: tuple[str, ...] | None,
+        worker_id: str,
+        names: tuple[str, ...] | None = None,
+    ) -> ClaimRequest:
         now = self.clock()
         return ClaimRequest(
-            limit=limit, queues=queues, worker_id=worker_id, now=now, lease_until=now + self.lease
+            limit=limit,
+            queues=queues,
+            worker_id=worker_id,
+            now=now,
+            lease_until=now + self.lease,
+            names=names,
         )
 
     def recover(self) -> int:
@@ -378,15 +417,18 @@ class TaskQueue:
         with self._database_errors():
             return self.strategy.complete_many(self.engine, self.table, tasks, values, now)
 
-    def fail(self, claimed: ClaimedTask, error: BaseException | str) -> bool:
+    def fail(self, claimed: ClaimedTask, error: BaseException | str, *, retry: bool = True) -> bool:
         """Record ``error``; retry later with backoff while attempts remain, else mark FAILED.
 
+        ``retry=False`` marks it FAILED now, whatever attempts remain, and so
+        does a ``malformed`` task, which no attempt could ever run.  The error
+        is stored as `format_error` leaves it: storable, and bounded in length.
         False if ``claimed`` no longer holds the task (its outcome is then
         someone else's to write).
         """
         now = self.clock()
         values: dict[str, Any] = {"last_error": format_error(error), "locked_until": None}
-        if claimed.attempts < claimed.max_attempts:
+        if retry and claimed.malformed is None and claimed.attempts < claimed.max_attempts:
             values.update(status=TaskStatus.QUEUED, run_at=now + self.retry_delay(claimed))
         else:
             values.update(status=TaskStatus.FAILED, finished_at=now)
@@ -400,6 +442,24 @@ class TaskQueue:
             "locked_until": None,
         }
         return self._finish(claimed, values, self.clock())
+
+    def outcome_written(self, claimed: ClaimedTask, *, completed: bool) -> bool:
+        """Whether this claim's own outcome is in the row: completed, or else failed or set to retry.
+
+        For a write whose answer was lost with its connection: the write may
+        have committed, and its retry then finds the task no longer held.
+        Only this claim can have written it while the row still carries the
+        claim's identity, but for lease recovery, whose error text says so.
+        """
+        _check_claimed(claimed)
+        with self._database_errors():
+            found = self.strategy.claim_outcome(self.engine, self.table, claimed)
+        if found is None:
+            return False
+        status, last_error = found
+        if completed:
+            return status == TaskStatus.COMPLETED
+        return status in (TaskStatus.QUEUED, TaskStatus.FAILED) and last_error != LEASE_EXPIRED_ERROR
 
     def extend_leases(self, claimed: Sequence[ClaimedTask]) -> set[int]:
         """Renew the lease of each task still held; return the ids renewed (the worker's heartbeat)."""

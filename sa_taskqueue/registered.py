@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
@@ -49,6 +50,8 @@ class RegisteredTask(Generic[P, R]):
         self.name = name
         self.options = options
         functools.update_wrapper(self, func)
+        self._signature = _signature_to_check(func)
+        self._fitting_keys: set[frozenset[str]] = set()
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         return self.func(*args, **kwargs)
@@ -57,8 +60,50 @@ class RegisteredTask(Generic[P, R]):
         """Add a run of this task with ``params`` to ``session`` (flushed, not committed)."""
         return self.queue.enqueue(session, self.name, params)
 
+    def check_params(self, params: Mapping[str, Any]) -> None:
+        """Params the function can be called with, as the worker will call it (``func(**params)``).
+
+        A `TypeError` naming the task and what does not fit (a missing
+        argument, an unexpected one) otherwise: found at enqueue, not on every
+        attempt of a task that can never run.  Whether params fit depends only
+        on their keys, so each set of keys that fits is remembered (a few
+        dozen at most) and ``enqueue_many`` binds once per set, not per task.
+        """
+        signature = self._signature
+        if signature is None:
+            return
+        keys = frozenset(params)
+        if keys in self._fitting_keys:
+            return
+        try:
+            signature.bind(**params)
+        except TypeError as error:
+            raise TypeError(f"params do not fit task {self.name!r}: {error}") from None
+        if len(self._fitting_keys) < _REMEMBERED_KEY_SETS:
+            self._fitting_keys.add(keys)
+
     def __repr__(self) -> str:
         return f"<RegisteredTask {self.name!r}>"
+
+
+#: How many sets of params keys known to fit a task's function are remembered.
+_REMEMBERED_KEY_SETS = 64
+
+
+def _signature_to_check(func: Callable[..., Any]) -> inspect.Signature | None:
+    """The signature params are bound to, or None where any keywords fit or it cannot be read."""
+    try:
+        signature = inspect.signature(func)
+    except (TypeError, ValueError):  # some builtins and C callables have none
+        return None
+    parameters = signature.parameters.values()
+    takes_any_keyword = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+    requires = any(
+        p.default is inspect.Parameter.empty
+        and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+        for p in parameters
+    )
+    return None if takes_any_keyword and not requires else signature
 
 
 def retry_delay(base: timedelta, attempts: int, cap: timedelta) -> timedelta:

@@ -4,29 +4,108 @@ One place, used by every enqueue path (`TaskQueue.enqueue`, `enqueue_many`,
 the command line's ``enqueue``), by task registration and by the recording of
 results, so that a value refused on one path is refused on all of them, with
 the same error: `TypeError` for a value of the wrong kind, `ValueError` for
-one out of range.
+one out of range.  "In range" is what every supported database stores
+(`sa_taskqueue.limits`): a value only some would take, or one a database
+would refuse mid-transaction, is refused here, before any SQL is sent.
 """
 
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta
+import math
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sa_taskqueue.model import ID_MAX, INTEGER_MAX, INTEGER_MIN, QUEUE_LENGTH, TaskStatus
+from sa_taskqueue.limits import (
+    DEFAULT_LIMITS,
+    EARLIEST_RUN_AT,
+    LATEST_RUN_AT,
+    MAX_PARAMS_DEPTH,
+    PARAMS_INT_MAX,
+    PARAMS_INT_MIN,
+    ColumnLimits,
+)
+from sa_taskqueue.model import ID_MAX, TaskStatus
+from sa_taskqueue.storable_text import unstorable_character
+
+
+class _Refused(Exception):
+    """A value in params that cannot be stored; the path to it is added as the error unwinds."""
+
+    def __init__(self, error: type[Exception], problem: str) -> None:
+        super().__init__(problem)
+        self.error = error
+        self.problem = problem
+        self.path: list[str] = []
 
 
 def check_params(params: Any) -> None:
-    """A dict with string keys (they become keyword arguments) whose values JSON can hold."""
+    """A dict with string keys (they become keyword arguments) of values every database stores as JSON.
+
+    Values are None, booleans, integers within `PARAMS_INT_MIN`..`PARAMS_INT_MAX`,
+    finite floats, strings, lists or tuples and dicts of these, nested at most
+    `MAX_PARAMS_DEPTH` deep; no string (key or value) may hold a NUL or an
+    unpaired surrogate.  One pass over the values, no serialisation: a wrong
+    kind is a `TypeError`, a value out of range a `ValueError`, each naming
+    where in params it is.
+    """
     if not isinstance(params, dict):
-        raise TypeError(f"params must be a dict, got {type(params).__name__}")
-    for key in params:
-        if not isinstance(key, str):
-            raise TypeError(f"params keys must be strings (they become keyword arguments), got {key!r}")
+        raise TypeError(f"params must be a dict (a JSON object), got {type(params).__name__}")
     try:
-        json.dumps(params, allow_nan=False)
-    except (TypeError, ValueError) as error:
-        raise TypeError(f"params must be JSON-serialisable: {error}") from error
+        _check_object(params, 1)
+    except _Refused as refused:
+        where = "".join(reversed(refused.path))
+        raise refused.error(f"params{where}: {refused.problem}") from None
+
+
+def _check_object(value: dict[Any, Any], depth: int) -> None:
+    if depth > MAX_PARAMS_DEPTH:
+        raise _Refused(ValueError, f"nested more than {MAX_PARAMS_DEPTH} arrays and objects deep")
+    for key, item in value.items():
+        if not isinstance(key, str):
+            raise _Refused(TypeError, f"keys must be strings (they become keyword arguments), got {key!r}")
+        try:
+            problem = unstorable_character(key)
+            if problem is not None:
+                raise _Refused(ValueError, f"the key holds {problem}")
+            _check_value(item, depth)
+        except _Refused as refused:
+            refused.path.append(f"[{key!r}]")
+            raise
+
+
+def _check_value(value: Any, depth: int) -> None:
+    kind = type(value)
+    if kind is str or isinstance(value, str):
+        problem = unstorable_character(value)
+        if problem is not None:
+            raise _Refused(ValueError, f"the string holds {problem}")
+    elif value is None or kind is bool:
+        return
+    elif isinstance(value, int):
+        if not PARAMS_INT_MIN <= value <= PARAMS_INT_MAX:
+            # (Named by size: printing a huge integer can itself fail, past 4,300 digits.)
+            raise _Refused(
+                ValueError,
+                f"integers must fit in 64 bits ({PARAMS_INT_MIN} to {PARAMS_INT_MAX}), "
+                f"got one of {value.bit_length()} bits",
+            )
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise _Refused(ValueError, f"numbers must be finite (JSON has no NaN or infinity), got {value}")
+    elif isinstance(value, dict):
+        _check_object(value, depth + 1)
+    elif isinstance(value, list | tuple):
+        if depth + 1 > MAX_PARAMS_DEPTH:
+            raise _Refused(ValueError, f"nested more than {MAX_PARAMS_DEPTH} arrays and objects deep")
+        for index, item in enumerate(value):
+            try:
+                _check_value(item, depth + 1)
+            except _Refused as refused:
+                refused.path.append(f"[{index}]")
+                raise
+    else:
+        raise _Refused(TypeError, f"{kind.__name__} is not a JSON value")
 
 
 def check_result(result: Any, what: str = "result") -> None:
@@ -48,36 +127,49 @@ def is_storable(result: Any) -> bool:
     return True
 
 
-def check_queue_name(queue: Any) -> None:
-    if not isinstance(queue, str) or not queue or len(queue) > QUEUE_LENGTH:
+def check_text(argument: str, value: Any, max_length: int) -> None:
+    """A non-empty string of at most ``max_length`` characters that every database stores."""
+    if not isinstance(value, str):
+        raise TypeError(f"{argument} must be a string, got {type(value).__name__}")
+    if not value or len(value) > max_length:
         raise ValueError(
-            f"queue must be a non-empty string of at most {QUEUE_LENGTH} characters, got {queue!r}"
+            f"{argument} must be a non-empty string of at most {max_length} characters, got {_shown(value)}"
         )
+    problem = unstorable_character(value)
+    if problem is not None:
+        raise ValueError(f"{argument} holds {problem}: {_shown(value)}")
 
 
-def check_int(argument: str, value: Any) -> None:
+def check_task_name(name: Any, limits: ColumnLimits = DEFAULT_LIMITS) -> None:
+    check_text("name", name, limits.name_length)
+
+
+def check_queue_name(queue: Any, limits: ColumnLimits = DEFAULT_LIMITS) -> None:
+    check_text("queue", queue, limits.queue_length)
+
+
+def check_int(argument: str, value: Any, bounds: tuple[int, int] | None = None) -> None:
+    """An integer (not a bool), within ``bounds`` (inclusive) when given."""
     if not isinstance(value, int) or isinstance(value, bool):
         raise TypeError(f"{argument} must be an integer, got {value!r}")
+    if bounds is not None and not bounds[0] <= value <= bounds[1]:
+        raise ValueError(f"{argument} must be between {bounds[0]} and {bounds[1]}, got {value!r}")
 
 
-def check_column_int(argument: str, value: Any) -> None:
-    """An integer the 32-bit INTEGER column it is stored in can hold, on every database."""
-    check_int(argument, value)
-    if not INTEGER_MIN <= value <= INTEGER_MAX:
-        raise ValueError(f"{argument} must be between {INTEGER_MIN} and {INTEGER_MAX}, got {value!r}")
-
-
-def check_max_attempts(value: Any) -> None:
-    check_column_int("max_attempts", value)
+def check_max_attempts(value: Any, limits: ColumnLimits = DEFAULT_LIMITS) -> None:
+    check_int("max_attempts", value)
     if value < 1:
         raise ValueError(f"max_attempts must be at least 1, got {value!r}")
+    check_int("max_attempts", value, limits.max_attempts_range)
 
 
 def check_task_id(value: Any) -> None:
     """A task id as the 64-bit id column can hold it (ids start at 1)."""
-    check_int("task_id", value)
-    if not 1 <= value <= ID_MAX:
-        raise ValueError(f"task_id must be between 1 and {ID_MAX}, got {value!r}")
+    check_int("task_id", value, (1, ID_MAX))
+
+
+def check_priority(value: Any, limits: ColumnLimits = DEFAULT_LIMITS) -> None:
+    check_int("priority", value, limits.priority_range)
 
 
 def check_positive_int(argument: str, value: Any) -> None:
@@ -86,10 +178,26 @@ def check_positive_int(argument: str, value: Any) -> None:
 
 
 def check_run_at(run_at: Any) -> None:
+    """An aware datetime that is, in UTC, within the years every database stores (1000 to 9999)."""
     if not isinstance(run_at, datetime):
         raise TypeError(f"run_at must be a datetime, got {type(run_at).__name__}")
     if run_at.tzinfo is None or run_at.utcoffset() is None:
         raise ValueError(f"run_at must be timezone-aware, got naive {run_at!r}")
+    if not EARLIEST_RUN_AT <= run_at <= LATEST_RUN_AT:
+        raise ValueError(
+            f"run_at must be between {EARLIEST_RUN_AT.isoformat()} and {LATEST_RUN_AT.isoformat()} "
+            f"in UTC, got {run_at.isoformat()}"
+        )
+
+
+def run_at_after(now: datetime, delay: timedelta) -> datetime:
+    """``now + delay``, checked like any ``run_at`` (a ValueError, not an OverflowError, when too far)."""
+    try:
+        run_at = now.astimezone(UTC) + delay
+    except OverflowError:
+        raise ValueError(f"a delay of {delay} from now is past what a database stores") from None
+    check_run_at(run_at)
+    return run_at
 
 
 def check_retry_delay(retry_delay: Any) -> None:
@@ -116,14 +224,17 @@ def task_values(
     max_attempts: Any,
     run_at: Any,
     now: datetime,
+    limits: ColumnLimits = DEFAULT_LIMITS,
 ) -> dict[str, Any]:
-    """The column values of one new task, every one checked; ``run_at`` None means ``now``."""
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"name must be a non-empty string, got {name!r}")
+    """The column values of one new task, every one checked; ``run_at`` None means ``now``.
+
+    ``limits`` are those of the task table the row goes to.
+    """
+    check_task_name(name, limits)
     check_params(params)
-    check_queue_name(queue)
-    check_column_int("priority", priority)
-    check_max_attempts(max_attempts)
+    check_queue_name(queue, limits)
+    check_priority(priority, limits)
+    check_max_attempts(max_attempts, limits)
     if run_at is not None:
         check_run_at(run_at)
     return {
@@ -139,18 +250,26 @@ def task_values(
     }
 
 
+def _shown(text: str) -> str:
+    """``text`` for an error message: repr'd, and shortened when long."""
+    return repr(text) if len(text) <= 80 else f"{text[:60]!r}... ({len(text)} characters)"
+
+
 __all__ = [
-    "check_column_int",
     "check_int",
     "check_max_attempts",
     "check_params",
     "check_positive_int",
+    "check_priority",
     "check_queue_name",
     "check_result",
     "check_retry_delay",
     "check_run_at",
     "check_task_id",
+    "check_task_name",
+    "check_text",
     "is_storable",
+    "run_at_after",
     "task_values",
     "timeout_seconds",
 ]

@@ -27,10 +27,12 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from sa_taskqueue.backends import backend_for
 from sa_taskqueue.claimed import ClaimedTask
 from sa_taskqueue.completions import Completions
-from sa_taskqueue.exceptions import DatabaseError, DatabaseUnavailable, TaskNotRegistered
+from sa_taskqueue.error_text import error_message
+from sa_taskqueue.exceptions import DatabaseError, DatabaseUnavailable, MalformedTask, TaskNotRegistered
 from sa_taskqueue.execution import ChildProcess, GivenBack, Outcome, run_in_thread
 from sa_taskqueue.notify import Listener
 from sa_taskqueue.validation import is_storable
+from sa_taskqueue.watchdog import Watchdog, kill_at, register_child
 
 if TYPE_CHECKING:
     from sa_taskqueue.queue import TaskQueue
@@ -59,6 +61,10 @@ class _Running:
     finished: bool = False  # the run is over; only its outcome is being written
     completing: bool = False  # its success waits in, or is in, a batch being written
     started: float = field(default_factory=time.monotonic)
+    #: When the claim or the last renewal of its lease was sent (monotonic):
+    #: the lease ends no sooner than one lease after this.
+    renewed_at: float = field(default_factory=time.monotonic)
+    lease_lost: bool = False  # no longer ours: another worker may run it
     # Shutdown (giving back) and the task's thread (starting a child) decide
     # under this lock, so a task is never given back and then started.
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -78,6 +84,18 @@ class Worker:
     ``on_start``, ``on_success`` and ``on_failure`` are called around each
     task, for metrics or error reporting; an exception in a hook is logged and
     ignored.
+
+    The worker claims only tasks whose names it has registered: a task of a
+    newer release stays queued for the workers that know it.
+
+    With ``watchdog`` (the default) a process of its own (`sa_taskqueue.watchdog`)
+    kills this process and its task processes if the leases of running tasks
+    are about to end unrenewed: a task holding the GIL, a SIGSTOP, a network
+    partition.  So no task runs here after another worker may have claimed
+    it.  Turn it off only where killing the process is worse than a task
+    running twice at once (an embedded worker in an interactive session).
+    Under process isolation a task whose lease cannot be renewed in time is
+    stopped by the worker itself, which then lives on.
     """
 
     def __init__(
@@ -95,6 +113,7 @@ class Worker:
         on_start: StartHook | None = None,
         on_success: SuccessHook | None = None,
         on_failure: FailureHook | None = None,
+        watchdog: bool = True,
     ) -> None:
         if not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 1:
             raise ValueError(f"concurrency must be a positive integer, got {concurrency!r}")
@@ -118,6 +137,8 @@ class Worker:
         self.on_start = on_start
         self.on_success = on_success
         self.on_failure = on_failure
+        self.watchdog = watchdog
+        self._watchdog: Watchdog | None = None
         self.processed = 0
         self.failed = 0
         self.given_back = 0
@@ -141,12 +162,17 @@ class Worker:
     @property
     def running_tasks(self) -> list[ClaimedTask]:
         """Tasks whose run is still going (not those only writing their outcome)."""
+        return [slot.task for slot in self._running_slots()]
+
+    def _running_slots(self) -> list[_Running]:
         with self._lock:
-            return [slot.task for slot in self._running.values() if not slot.finished]
+            return [slot for slot in self._running.values() if not slot.finished]
 
     def run(self) -> None:
         """Run until stopped (or, with ``burst``, until nothing is due)."""
         restore_signals = self._install_signal_handlers()
+        if self.watchdog:
+            self._watchdog = Watchdog()
         background: list[threading.Thread] = [
             threading.Thread(target=self._heartbeat, name="sa_taskqueue-heartbeat", daemon=True)
         ]
@@ -174,6 +200,9 @@ class Worker:
             pool.shutdown(wait=False, cancel_futures=True)
             for thread in background:
                 thread.join(timeout=2)
+            if self._watchdog is not None:
+                self._watchdog.close()
+                self._watchdog = None
             restore_signals()
             logger.info(
                 "worker %s stopped: %d done, %d failed, %d given back",
@@ -203,8 +232,11 @@ class Worker:
                 self._wait(self.poll_interval)
                 continue
             self._wake.clear()
+            sent_at = time.monotonic()
             try:
-                claimed = self.queue.claim(limit=free, queues=self.queues, worker_id=self.worker_id)
+                claimed = self.queue.claim(
+                    limit=free, queues=self.queues, worker_id=self.worker_id, names=self.queue.task_names
+                )
             except DatabaseUnavailable as error:
                 error_backoff = min(max(error_backoff * 2, 0.5), MAX_ERROR_BACKOFF)
                 self._database_trouble(error, error_backoff)
@@ -213,7 +245,10 @@ class Worker:
             error_backoff = 0.0
             self._database_back()
             for task in claimed:
-                slot = _Running(task)
+                slot = _Running(task, renewed_at=sent_at)
+                with self._lock:
+                    # Armed before the task can start: its lease runs from the claim.
+                    self._arm_locked(extra=slot)
                 future = pool.submit(self._execute, slot)
                 with self._lock:
                     self._running[future] = slot
@@ -239,6 +274,7 @@ class Worker:
     def _slot_freed(self, future: Future[None]) -> None:
         with self._lock:
             self._running.pop(future, None)
+            self._arm_locked()
         self._wake.set()
         if not future.cancelled() and future.exception() is not None:
             logger.error("a task slot ended with an error: %r", future.exception())
@@ -281,7 +317,7 @@ class Worker:
             self._run_task(slot)
         except Exception as error:
             logger.exception("task %d %s: the worker could not run it", *_ids(slot.task))
-            slot.finished = True
+            self._finished(slot)
             self._record(slot.task, Outcome(error=error))
 
     def _run_task(self, slot: _Running) -> None:
@@ -289,7 +325,16 @@ class Worker:
         registered = self.queue.registered(task.name)
         logger.info("task %d %s attempt %d started", *_ids(task), task.attempts)
         self._hook(self.on_start, task)
-        if registered is None:
+        if time.monotonic() >= kill_at(slot.renewed_at, self.queue.lease.total_seconds()):
+            # Claimed, but not started before its lease could end (the process
+            # was stopped, say): another worker may hold it by now.
+            logger.warning("task %d %s: not started, its lease may have ended meanwhile", *_ids(task))
+            slot.lease_lost = True
+            self._finished(slot)
+            return
+        if task.malformed is not None:
+            outcome = Outcome(error=MalformedTask(task.malformed))  # it cannot run: it fails, unrun
+        elif registered is None:
             # Only registered functions run: a row's name is never imported.
             outcome = Outcome(error=TaskNotRegistered(task.name))
         elif self.isolation == "process":
@@ -298,11 +343,13 @@ class Worker:
                     return
                 slot.child = ChildProcess(registered.func, task.params, self._after_fork)
             outcome = slot.child.wait(registered.options.timeout)
+            if self._watchdog is not None and slot.child.pid is not None:
+                self._watchdog.gone(slot.child.pid)
         else:
             if slot.given_back:
                 return
             outcome = run_in_thread(registered.func, task.params, registered.options.timeout)
-        slot.finished = True
+        self._finished(slot)
         if slot.given_back or isinstance(outcome.error, GivenBack):
             return
         duration = time.monotonic() - slot.started
@@ -325,16 +372,36 @@ class Worker:
                 *_ids(task),
                 task.attempts,
                 duration,
-                outcome.error,
+                error_message(outcome.error),
             )
             self._record(task, outcome)
             self._hook(self.on_failure, task, outcome.error)
+
+    def _finished(self, slot: _Running) -> None:
+        """The run is over: its lease no longer needs guarding, only its outcome writing."""
+        with self._lock:
+            slot.finished = True
+            self._arm_locked()
+
+    def _arm_locked(self, extra: _Running | None = None) -> None:
+        """Tell the watchdog when the first lease of a running task would end unrenewed (under ``_lock``)."""
+        if self._watchdog is None:
+            return
+        guarded = [
+            slot.renewed_at
+            for slot in [*self._running.values(), *([extra] if extra else [])]
+            if not slot.finished and not slot.lease_lost
+        ]
+        lease = self.queue.lease.total_seconds()
+        self._watchdog.arm(kill_at(min(guarded), lease) if guarded else None)
 
     def _after_fork(self) -> None:
         # The child inherited the pool's connections; it must not use them,
         # nor close them (closing sends the server a goodbye that would end
         # the parent's sessions).  The task opens fresh ones if it needs any.
         self.queue.engine.dispose(close=False)
+        if self._watchdog is not None:
+            register_child(self._watchdog.fileno)
 
     def _complete(self, task: ClaimedTask, outcome: Outcome) -> None:
         """Record a success, in one statement with whatever other slots finished meanwhile."""
@@ -345,7 +412,14 @@ class Worker:
             logger.warning("task %d %s: outcome not recorded, the task was taken over", *_ids(task))
 
     def _write_successes(self, tasks: Sequence[ClaimedTask], results: Sequence[Any]) -> set[int] | None:
-        return self._through_outage(lambda: self.queue.complete_many(tasks, results), tasks)
+        def landed(written: set[int]) -> set[int]:
+            return written | {
+                task.id
+                for task in tasks
+                if task.id not in written and self.queue.outcome_written(task, completed=True)
+            }
+
+        return self._through_outage(lambda: self.queue.complete_many(tasks, results), tasks, landed)
 
     def _record_success(self, task: ClaimedTask, result: Any) -> None:
         self._record(task, Outcome(result=result))
@@ -357,7 +431,9 @@ class Worker:
                 if outcome.error is None:
                     try:
                         recorded = self._through_outage(
-                            partial(self.queue.complete, task, outcome.result), [task]
+                            partial(self.queue.complete, task, outcome.result),
+                            [task],
+                            partial(self._landed, task, completed=True),
                         )
                     except TypeError as error:
                         # A result that cannot be stored (not JSON): the run
@@ -366,7 +442,11 @@ class Worker:
                         continue
                 else:
                     error_value: BaseException | str = outcome.error_text or outcome.error
-                    recorded = self._through_outage(partial(self.queue.fail, task, error_value), [task])
+                    recorded = self._through_outage(
+                        partial(self.queue.fail, task, error_value),
+                        [task],
+                        partial(self._landed, task, completed=False),
+                    )
             except DatabaseError as error:
                 if outcome.error is None:
                     # The database refused the result itself (e.g. NaN in JSON).
@@ -379,12 +459,20 @@ class Worker:
                 logger.warning("task %d %s: outcome not recorded, the task was taken over", *_ids(task))
             return
 
-    def _through_outage(self, write: Callable[[], T], tasks: Sequence[ClaimedTask]) -> T | None:
+    def _landed(self, task: ClaimedTask, written: bool, *, completed: bool) -> bool:
+        return written or self.queue.outcome_written(task, completed=completed)
+
+    def _through_outage(
+        self, write: Callable[[], T], tasks: Sequence[ClaimedTask], landed: Callable[[T], T]
+    ) -> T | None:
         """``write()``, retried through a database outage while a lease lasts; None if it never got through.
 
         Giving up early would run the tasks again after their lease: at least
-        once, but needlessly twice.
+        once, but needlessly twice.  A write whose connection broke may have
+        committed all the same, and then its retry finds the tasks no longer
+        held: ``landed`` corrects what the retry reports by reading the rows.
         """
+        retried = False
         backoff = 0.25
         # Past one lease from now the write would be refused anyway.
         give_up_at = time.monotonic() + self.queue.lease.total_seconds()
@@ -399,9 +487,10 @@ class Worker:
                     return None
                 time.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
+                retried = True
                 continue
             self._database_back()
-            return value
+            return landed(value) if retried else value
 
     def _hook(self, hook: Callable[..., None] | None, *args: Any) -> None:
         if hook is None:
@@ -414,23 +503,59 @@ class Worker:
     # Heartbeat ---------------------------------------------------------------
 
     def _heartbeat(self) -> None:
-        interval = self.queue.lease.total_seconds() / 3
+        """Renew the leases of running tasks three times before the watchdog would act."""
+        lease = self.queue.lease.total_seconds()
+        interval = kill_at(0.0, lease) / 3
         while not self._stopped.wait(interval):
-            tasks = self.running_tasks
-            if not tasks:
-                continue
-            try:
-                renewed = self.queue.extend_leases(tasks)
-            except DatabaseUnavailable as error:
-                self._database_trouble(error, interval)
-                continue
-            except Exception:
-                logger.exception("lease renewal failed; trying again in %.1fs", interval)
-                continue
-            tasks = [task for task in tasks if task in self.running_tasks]
-            lost = {task.id for task in tasks} - renewed
-            if lost:
-                logger.warning("lost the lease of task(s) %s: another worker may run them", sorted(lost))
+            slots = [slot for slot in self._running_slots() if not slot.lease_lost]
+            if slots:
+                self._renew(slots, interval)
+                self._stop_unrenewed(lease, interval)
+            with self._lock:
+                self._arm_locked()
+
+    def _renew(self, slots: list[_Running], interval: float) -> None:
+        sent_at = time.monotonic()
+        try:
+            renewed = self.queue.extend_leases([slot.task for slot in slots])
+        except DatabaseUnavailable as error:
+            self._database_trouble(error, interval)
+            return
+        except Exception:
+            logger.exception("lease renewal failed; trying again in %.1fs", interval)
+            return
+        for slot in slots:
+            if slot.task.id in renewed:
+                slot.renewed_at = sent_at
+            elif not slot.finished:  # (a task that just finished has its outcome written instead)
+                self._give_up(slot, "its lease was taken over")
+
+    def _stop_unrenewed(self, lease: float, interval: float) -> None:
+        """Under process isolation, stop a task one heartbeat before the watchdog would stop the worker.
+
+        A thread cannot be stopped: under thread isolation the watchdog ends
+        the whole process instead.
+        """
+        now = time.monotonic()
+        for slot in self._running_slots():
+            due = kill_at(slot.renewed_at, lease) - interval
+            if slot.child is not None and not slot.lease_lost and now >= due:
+                self._give_up(slot, "its lease could not be renewed in time")
+
+    def _give_up(self, slot: _Running, why: str) -> None:
+        """A running task is no longer this worker's: stop it if it can be stopped, record nothing."""
+        slot.lease_lost = True
+        if slot.child is not None:
+            with slot.lock:
+                slot.given_back = True
+                slot.child.kill()
+            logger.warning("task %d %s: %s; its process was stopped", *_ids(slot.task), why)
+        else:
+            logger.error(
+                "task %d %s: %s, and a thread cannot be stopped: another worker may run it meanwhile",
+                *_ids(slot.task),
+                why,
+            )
 
     # Database outages ----------------------------------------------------------
 

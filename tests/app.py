@@ -9,6 +9,8 @@ worker process for the race and crash tests.
 from __future__ import annotations
 
 import argparse
+import ctypes
+import ctypes.util
 import json
 import os
 import time
@@ -77,12 +79,37 @@ def make_queue(
 
         ctypes.string_at(0)
 
+    @queue.task(name="span")
+    def span(key: int, seconds: float, hold_gil_once: bool = False) -> None:
+        """Log its start and end to $SA_TASKQUEUE_TEST_SPANS; the first run may hold the GIL throughout."""
+        record_span("start", key)
+        marker = Path(os.environ["SA_TASKQUEUE_TEST_SPANS"] + f".held-{key}")
+        if hold_gil_once and not marker.exists():
+            marker.touch()
+            # A C call made through PyDLL keeps the GIL: no other thread of
+            # this process runs until it returns, the heartbeat included.
+            libc = ctypes.PyDLL(ctypes.util.find_library("c") or "libc.so.6")
+            libc.sleep(int(seconds))
+        else:
+            time.sleep(seconds)
+        record_span("end", key)
+
     @queue.task(name="slow", timeout=timedelta(seconds=0.5))
     def slow(seconds: float) -> str:
         time.sleep(seconds)
         return "finished late"
 
     return queue
+
+
+def record_span(event: str, key: int) -> None:
+    """One line per event, appended in one write (atomic for lines this short) to $SA_TASKQUEUE_TEST_SPANS."""
+    line = f"{event} {key} {os.getpid()} {time.time()!r}\n".encode()
+    fd = os.open(os.environ["SA_TASKQUEUE_TEST_SPANS"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
 
 
 def executions(engine: sa.Engine) -> dict[int, int]:

@@ -45,8 +45,6 @@ def let_the_claim_go(queue: tq.TaskQueue, clock: MovableClock, strategy_name: st
     clock.advance(interval if strategy_name == "advisory_lock" else lease + interval)
 
 
-
-
 def test_claim_marks_the_task_running_under_a_lease(
     clocked_queue: tq.TaskQueue, engine: sa.Engine, clock: MovableClock
 ) -> None:

@@ -151,7 +151,7 @@ def test_enqueue_many_fills_an_application_tables_own_defaults(engine: sa.Engine
     TenantBase.metadata.create_all(engine)
     try:
         queue = tq.TaskQueue(engine, model=TenantTask)
-        queue.task(name="noop")(lambda: None)
+        queue.task(name="noop")(lambda n: None)
         with Session(engine) as session:
             ids = queue.enqueue_many(session, "noop", [{"n": n} for n in range(1500)], chunk_size=700)
             session.commit()

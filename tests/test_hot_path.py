@@ -26,8 +26,6 @@ from tests.helpers import task_row, task_rows
 TABLE = tq.Task.__table__
 
 
-
-
 def backend_pid(queue: tq.TaskQueue) -> int:
     """The server's id for the connection the strategy keeps for single statements."""
     sql = {
@@ -42,8 +40,9 @@ def backend_pid(queue: tq.TaskQueue) -> int:
 def test_claimed_rows_read_back_as_through_sqlalchemy(queue: tq.TaskQueue, engine: sa.Engine) -> None:
     run_at = datetime(2020, 5, 6, 7, 8, 9, 123456, tzinfo=timezone(timedelta(hours=-5)))
     params = {"key": 1, "text": "é ✓ 'quoted' %s %(x)s", "nested": {"list": [1, 2.5, None, True]}}
+    queue.task(name="takes_any_params")(lambda **params: None)
     with Session(engine) as session:
-        task = queue.enqueue(session, "record", params, run_at=run_at, priority=-3, queue="mail")
+        task = queue.enqueue(session, "takes_any_params", params, run_at=run_at, priority=-3, queue="mail")
         session.commit()
         task_id = task.id
     [claimed] = queue.claim(queues=["mail"])

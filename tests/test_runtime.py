@@ -24,8 +24,6 @@ from tests.helpers import enqueue_one as enqueue
 WORKER = ("worker", "tests.cli_app:queue", "--poll-interval", "0.1")
 
 
-
-
 def stop(worker: object, sig: int = signal.SIGTERM, timeout: float = 30) -> tuple[int, str]:
     worker.send_signal(sig)  # type: ignore[attr-defined]
     _, err = worker.communicate(timeout=timeout)  # type: ignore[attr-defined]

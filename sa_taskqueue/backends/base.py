@@ -88,6 +88,9 @@ class Backend:
     stores_naive_utc = False
     #: JSON documents are stored as text serialised by the queue, not a native type.
     json_as_text = False
+    #: The driver decodes JSON columns itself while rows are fetched, so a claim
+    #: that must decode each row's params on its own reads them cast to text.
+    driver_decodes_json = False
 
     def __init__(self, dialect: Dialect) -> None:
         self.dialect = dialect

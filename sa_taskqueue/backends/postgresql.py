@@ -37,6 +37,8 @@ class PostgreSQLBackend(Backend):
     # psycopg splits a multi-row INSERT's thousands of placeholders out with a
     # regular expression on every run; nine arrays cost it nothing.
     insert_from_arrays = True
+    # psycopg and psycopg2 decode json and jsonb as they fetch a row.
+    driver_decodes_json = True
 
     @property
     def listen(self) -> bool:

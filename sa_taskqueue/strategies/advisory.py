@@ -37,7 +37,7 @@ from sa_taskqueue.backends import backend_for
 from sa_taskqueue.claimed import ClaimedTask, ClaimKey
 from sa_taskqueue.model import TaskStatus, has_status
 from sa_taskqueue.strategies.base import ClaimStrategy
-from sa_taskqueue.strategies.claiming import ClaimRequest, claimed_values, due_clause, due_select
+from sa_taskqueue.strategies.claiming import ClaimRequest, claimed_values, due_clause, due_select, whole_row
 from sa_taskqueue.strategies.lease import orphan_values, same_claim
 
 WORKER_LOST_ERROR = "worker lost: its connection closed while the task was running"
@@ -175,13 +175,14 @@ class AdvisoryLockStrategy(ClaimStrategy):
             .values(**claimed_values(table, request))
         )
         if backend_for(conn.dialect).update_returning:
-            return [dict(row) for row in conn.execute(claim.returning(*table.c), request.params()).mappings()]
+            returned = conn.execute(claim.returning(*whole_row(table)), request.params())
+            return [dict(row) for row in returned.mappings()]
         # MySQL and MariaDB have no UPDATE ... RETURNING.  We hold these rows'
         # locks, so the rows we just marked are exactly those now running
         # under our worker id.
         conn.execute(claim, request.params())
         rows = conn.execute(
-            select(table).where(
+            select(*whole_row(table)).where(
                 table.c.id.in_(ids),
                 has_status(table, TaskStatus.RUNNING),
                 table.c.locked_by == request.worker_id,

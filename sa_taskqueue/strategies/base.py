@@ -74,7 +74,9 @@ class ClaimStrategy(LeaseWrites, ABC):
         Returns the claimed rows as they are after the claim (status running,
         attempts incremented, started_at, locked_by and locked_until set), in
         any order, each with at least the `READ_BACK` columns and those.  No
-        row is returned to two concurrent callers.
+        row is returned to two concurrent callers.  Params come as the
+        column's JSON text (`read_back`, `whole_row`), for `ClaimedTask.from_row`
+        to decode row by row: one malformed row must not fail the whole claim.
         """
 
     def finding_statement(self, dialect: Dialect, table: Table, request: ClaimRequest) -> Any:

@@ -15,6 +15,7 @@ from typing import Any
 
 from sqlalchemy import BindParameter, ColumnElement, Integer, Select, Table, and_, bindparam, select
 
+from sa_taskqueue.claimed_params import params_as_text
 from sa_taskqueue.model import TaskStatus, has_status
 
 # The claim's parameters (not column names: those are taken by the SET clause's own).
@@ -23,17 +24,24 @@ NOW = "claim_now"
 WORKER = "claim_worker"
 LEASE_UNTIL = "claim_lease_until"
 QUEUES = "claim_queue"
+NAMES = "claim_name"
 
 
 @dataclass(frozen=True)
 class ClaimRequest:
-    """What a claim asks for: how many tasks, from which queues, for whom, and until when."""
+    """What a claim asks for: how many tasks, from which queues, for whom, and until when.
+
+    ``names``, when given, restricts the claim to tasks of those names: a
+    worker takes only what it has functions for, and leaves a newer
+    release's tasks queued for the workers that know them.
+    """
 
     limit: int
     queues: tuple[str, ...] | None
     worker_id: str
     now: datetime
     lease_until: datetime
+    names: tuple[str, ...] | None = None
 
     def params(self) -> dict[str, Any]:
         """The values of the bound parameters that `due_clause` and `claimed_values` leave open."""
@@ -45,12 +53,17 @@ class ClaimRequest:
         }
         if self.queues is not None:
             params.update(zip(queue_params(len(self.queues)), self.queues, strict=True))
+        if self.names is not None:
+            params.update(zip(name_params(len(self.names)), self.names, strict=True))
         return params
 
     @property
-    def shape(self) -> tuple[int | None]:
-        """What changes the claim statement's SQL (not just its parameters): how many queues it names."""
-        return (len(self.queues) if self.queues is not None else None,)
+    def shape(self) -> tuple[int | None, int | None]:
+        """What changes the claim statement's SQL (not just its parameters): how many queues and names."""
+        return (
+            len(self.queues) if self.queues is not None else None,
+            len(self.names) if self.names is not None else None,
+        )
 
 
 def queue_params(count: int) -> list[str]:
@@ -58,8 +71,16 @@ def queue_params(count: int) -> list[str]:
     return [f"{QUEUES}_{index}" for index in range(count)]
 
 
+def name_params(count: int) -> list[str]:
+    """The parameters holding the task names a claim is limited to, one per name."""
+    return [f"{NAMES}_{index}" for index in range(count)]
+
+
 def due_clause(table: Table, request: ClaimRequest) -> ColumnElement[bool]:
-    """Queued, due, and (when asked) in one of the requested queues; values from `ClaimRequest.params`."""
+    """Queued, due, and (when asked) in one of the requested queues and of the requested names.
+
+    The values come from `ClaimRequest.params`.
+    """
     clause = and_(
         has_status(table, TaskStatus.QUEUED),
         table.c.run_at <= bindparam(NOW, type_=table.c.run_at.type),
@@ -69,6 +90,9 @@ def due_clause(table: Table, request: ClaimRequest) -> ColumnElement[bool]:
         clause = and_(
             clause, table.c.queue.in_([bindparam(name, type_=table.c.queue.type) for name in names])
         )
+    if request.names is not None:
+        names = name_params(len(request.names))
+        clause = and_(clause, table.c.name.in_([bindparam(name, type_=table.c.name.type) for name in names]))
     return clause
 
 
@@ -105,8 +129,17 @@ READ_BACK = ("id", "name", "queue", "priority", "params", "attempts", "max_attem
 
 
 def read_back(table: Table) -> list[Any]:
-    """The `READ_BACK` columns of ``table``."""
-    return [table.c[name] for name in READ_BACK]
+    """The `READ_BACK` columns of ``table``, params as text (each row's is decoded on its own)."""
+    return [_as_read(table.c[name]) for name in READ_BACK]
+
+
+def whole_row(table: Table) -> list[Any]:
+    """Every column of ``table``, params as text: for strategies that read a claimed row whole."""
+    return [_as_read(column) for column in table.c]
+
+
+def _as_read(column: Any) -> Any:
+    return params_as_text(column) if column.key == "params" else column
 
 
 def claimed_row(row: Mapping[str, Any], request: ClaimRequest) -> dict[str, Any]:
@@ -138,6 +171,8 @@ __all__ = [
     "due_clause",
     "due_select",
     "limit_param",
+    "name_params",
     "queue_params",
     "read_back",
+    "whole_row",
 ]

@@ -176,6 +176,22 @@ class LeaseWrites:
                     extended.add(task.id)
         return extended
 
+    def claim_outcome(
+        self, engine: Engine, table: Table, task: ClaimedTask
+    ) -> tuple[TaskStatus, str | None] | None:
+        """The status and error the row holds if it still carries ``task``'s claim and is no longer running.
+
+        None when another claim has taken the row since (or it still runs).
+        """
+        with self.executor.single_statement(engine) as conn:
+            row = conn.execute(
+                select(table.c.status, table.c.last_error).where(
+                    claim_identity(table), ~has_status(table, TaskStatus.RUNNING)
+                ),
+                held_params(task),
+            ).first()
+        return None if row is None else (TaskStatus(row[0]), row[1])
+
     def recover(self, engine: Engine, table: Table, now: datetime) -> int:
         """Give back tasks whose worker is gone; return how many.
 

@@ -30,6 +30,7 @@ from sa_taskqueue.strategies.claiming import (
     due_select,
     limit_param,
     read_back,
+    whole_row,
 )
 
 
@@ -160,7 +161,7 @@ class SkipLockedStrategy(ClaimStrategy):
                 mark_claimed(table, request, claimed_id_params(len(ids))),
                 {**params, **dict(zip(claimed_id_params(len(ids)), ids, strict=True))},
             )
-            rows = conn.execute(select(table).where(table.c.id.in_(ids))).mappings().all()
+            rows = conn.execute(select(*whole_row(table)).where(table.c.id.in_(ids))).mappings().all()
         return [dict(row) for row in rows]
 
     # Shared -------------------------------------------------------------------------

@@ -1,0 +1,1 @@
+"""The reliability soak, ``python -m benchmarks soak``: see `benchmarks.soak.command`."""

@@ -1,0 +1,198 @@
+"""The watchdog: a small process that kills its worker before the worker's leases can end.
+
+A lease promises that nobody else runs a task until it ends.  A worker keeps
+that promise by renewing its leases, but a worker can be unable to renew and
+still be alive: a task holding the GIL in a C call starves the heartbeat
+thread, a SIGSTOP freezes the whole process, a network partition stalls every
+statement.  The worker's process isolation children run on meanwhile.  So the
+worker tells a process of its own, after each claim and each renewal, by when
+it must have renewed again; if that moment passes, the watchdog SIGKILLs the
+worker and every task process it registered, while their leases still hold.
+A worker that cannot prove it is alive is dead before another may claim its
+tasks.
+
+The watchdog is a separate interpreter (started with ``-I`` and only the
+standard library) so that nothing the worker does can stall it, and it runs
+in a session of its own, so that a signal sent to the worker's process group
+(a terminal's Ctrl+Z) does not stop it too.  It reads one line per message
+from a pipe:
+
+``deadline <t>``  kill unless told otherwise before monotonic time ``t``
+``disarm``        no task is running: nothing to enforce
+``child <pid>``   a task process to kill along with the worker
+``gone <pid>``    that task process has ended
+``exit``          the worker is stopping cleanly
+
+If the pipe closes without ``exit`` the worker died; the watchdog then kills
+the task processes it knows of and exits.
+
+What no watchdog covers: a whole machine paused (a VM suspended) past the
+lease, and wall clocks of different machines disagreeing by more than
+`KILL_MARGIN`.  Monotonic time is shared by every process of one machine,
+which is why deadlines are in it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+#: The watchdog kills this long before a lease would end, or a quarter of the
+#: lease when that is shorter: time for the kill to land, and for clocks.
+KILL_MARGIN = 5.0
+
+
+def kill_at(renewed_at: float, lease_seconds: float) -> float:
+    """The monotonic time by which a lease taken at ``renewed_at`` must be renewed, or its worker killed."""
+    return renewed_at + lease_seconds - min(KILL_MARGIN, lease_seconds / 4)
+
+
+class Watchdog:
+    """The worker's side: starts the watchdog process and sends it deadlines.
+
+    Thread-safe: the claim loop, the heartbeat and task threads all report.
+    """
+
+    def __init__(self, worker_pid: int | None = None) -> None:
+        self.worker_pid = worker_pid or os.getpid()
+        self._lock = threading.Lock()
+        read_end, self._write_end = os.pipe()
+        try:
+            self._process = subprocess.Popen(
+                [sys.executable, "-I", "-u", __file__, str(self.worker_pid)],
+                stdin=read_end,
+                start_new_session=True,
+                close_fds=True,
+            )
+        except BaseException:
+            os.close(self._write_end)
+            raise
+        finally:
+            os.close(read_end)
+        self._deadline: float | None = None
+        self._closed = False
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
+    @property
+    def fileno(self) -> int:
+        """The pipe's writing end: a forked task process registers itself through it."""
+        return self._write_end
+
+    def arm(self, deadline: float | None) -> None:
+        """Kill the worker at monotonic ``deadline`` unless armed again first; None disarms."""
+        with self._lock:
+            if deadline == self._deadline:
+                return
+            self._deadline = deadline
+            self._send("disarm" if deadline is None else f"deadline {deadline!r}")
+
+    def gone(self, pid: int) -> None:
+        """A task process has ended (call before it is reaped, so its pid is not reused meanwhile)."""
+        with self._lock:
+            self._send(f"gone {pid}")
+
+    def close(self) -> None:
+        """The worker stops cleanly: the watchdog exits without killing anything."""
+        with self._lock:
+            if self._closed:
+                return
+            self._send("exit")
+            self._closed = True
+            os.close(self._write_end)
+        try:
+            self._process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+
+    def _send(self, line: str) -> None:
+        if self._closed:
+            return
+        os.write(self._write_end, f"{line}\n".encode())
+
+
+def register_child(fileno: int) -> None:
+    """In a freshly forked task process: ask the watchdog to kill it along with the worker.
+
+    The child then closes its copy of the pipe, so that the pipe still closes
+    when the worker dies.
+    """
+    try:
+        os.write(fileno, f"child {os.getpid()}\n".encode())
+    finally:
+        os.close(fileno)
+
+
+# The watchdog process itself -----------------------------------------------------
+
+
+def _kill(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+
+
+def _watch(worker_pid: int) -> int:
+    """Read the worker's messages until it exits, or kill it when its deadline passes."""
+    stdin = sys.stdin.fileno()
+    deadline: float | None = None
+    children: set[int] = set()
+    pending = b""
+    while True:
+        now = time.monotonic()
+        if deadline is not None and now >= deadline:
+            for child in children:
+                _kill(child)
+            _kill(worker_pid)
+            print(
+                f"sa_taskqueue watchdog: worker {worker_pid} did not renew its leases in time "
+                f"(blocked, stopped or cut off from the database); killed it and "
+                f"{len(children)} task process(es) before their leases end",
+                file=sys.stderr,
+            )
+            return 1
+        # Wake at the deadline, and now and then to notice a worker that died
+        # while a forked grandchild still held the pipe open.
+        timeout = 1.0 if deadline is None else min(1.0, max(deadline - now, 0.0))
+        readable, _, _ = select.select([stdin], [], [], timeout)
+        if not readable:
+            if os.getppid() != worker_pid:
+                break  # the worker is gone
+            continue
+        chunk = os.read(stdin, 65536)
+        if not chunk:
+            break  # the pipe closed without "exit": the worker died
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        for raw in lines:
+            word, _, argument = raw.decode().partition(" ")
+            if word == "deadline":
+                deadline = float(argument)
+            elif word == "disarm":
+                deadline = None
+            elif word == "child":
+                children.add(int(argument))
+            elif word == "gone":
+                children.discard(int(argument))
+            elif word == "exit":
+                return 0
+    # The worker died: its task processes must not outlive it.
+    for child in children:
+        _kill(child)
+    return 0
+
+
+if __name__ == "__main__":
+    # Ctrl+C in the worker's terminal is the worker's to handle; the watchdog
+    # leaves only when told to, or when the worker is gone.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    sys.exit(_watch(int(sys.argv[1])))

@@ -1,0 +1,264 @@
+"""No task runs twice at once while its worker process exists: GIL-holding tasks, SIGSTOP, partitions.
+
+Each test lets a worker claim a task, takes away the worker's means of
+renewing the lease (the GIL, the CPU, the network), and starts a second
+worker that claims the task once the lease has ended.  Every run of the
+task logs its start and end (tests.app's ``span`` task); a run that never
+ended ends when its process was first seen dead.  No run may begin before
+the previous run of the same task has ended.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+import sa_taskqueue as tq
+from tests.backends import Backend
+from tests.helpers import StreamLines, enqueue_one, start_cli, task_row, wait_until
+from tests.link import Link
+
+#: Short, so that a lease runs out within seconds.
+LEASE = 3.0
+
+pytestmark = pytest.mark.slow
+
+
+@dataclass
+class Run:
+    key: int
+    pid: int
+    start: float
+    end: float | None
+
+
+def runs(spans: Path) -> list[Run]:
+    """The task runs logged so far, in the order they started."""
+    started: dict[tuple[int, int], Run] = {}
+    for line in spans.read_text().splitlines() if spans.exists() else []:
+        event, key, pid, at = line.split()
+        if event == "start":
+            started[(int(key), int(pid))] = Run(int(key), int(pid), float(at), None)
+        else:
+            started[(int(key), int(pid))].end = float(at)
+    return sorted(started.values(), key=lambda run: run.start)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rpartition(")")[2].split()[0] in ("Z", "X")  # a zombie runs nothing
+
+
+class Deaths:
+    """The first moment each watched process was seen dead, polled every few milliseconds."""
+
+    def __init__(self) -> None:
+        self._watched: set[int] = set()
+        self._dead: dict[int, float] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+
+    def watch(self, pid: int) -> None:
+        with self._lock:
+            self._watched.add(pid)
+
+    def dead_at(self, pid: int) -> float | None:
+        with self._lock:
+            return self._dead.get(pid)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _poll(self) -> None:
+        while not self._stop.wait(0.005):
+            with self._lock:
+                alive = self._watched - self._dead.keys()
+            for pid in alive:
+                if _gone(pid):
+                    with self._lock:
+                        self._dead[pid] = time.time()
+
+
+def assert_never_twice_at_once(spans: Path, deaths: Deaths) -> None:
+    by_key: dict[int, list[Run]] = {}
+    for run in runs(spans):
+        by_key.setdefault(run.key, []).append(run)
+    for key, key_runs in by_key.items():
+        for earlier, later in itertools.pairwise(key_runs):
+            ended = earlier.end if earlier.end is not None else deaths.dead_at(earlier.pid)
+            assert ended is not None, f"run of task {key} in process {earlier.pid} never ended"
+            assert ended <= later.start, (
+                f"task {key} started again in process {later.pid} "
+                f"{ended - later.start:.2f}s before its run in process {earlier.pid} ended"
+            )
+
+
+def worker(url: str, spans: Path, *args: str) -> tuple[subprocess.Popen[str], StreamLines]:
+    process = start_cli(
+        "worker",
+        "tests.cli_app:queue",
+        "--poll-interval",
+        "0.1",
+        *args,
+        url=url,
+        SA_TASKQUEUE_TEST_LEASE=str(LEASE),
+        SA_TASKQUEUE_TEST_SPANS=str(spans),
+    )
+    return process, StreamLines(process.stderr)
+
+
+@pytest.fixture
+def spans(tmp_path: Path) -> Path:
+    return tmp_path / "spans"
+
+
+@pytest.fixture
+def deaths() -> Iterator[Deaths]:
+    watcher = Deaths()
+    yield watcher
+    watcher.stop()
+
+
+@pytest.fixture
+def processes() -> Iterator[list[subprocess.Popen[str]]]:
+    """Worker processes to kill at the end, whatever happened."""
+    started: list[subprocess.Popen[str]] = []
+    yield started
+    for process in started:
+        if process.poll() is None:
+            process.kill()
+        process.wait(30)
+
+
+def first_run(spans: Path) -> Run:
+    found: list[Run] = []
+    wait_until(lambda: found.extend(runs(spans)) or found, 60, "the first worker to start the task")
+    return found[0]
+
+
+def completed(engine: sa.Engine, task_id: int) -> bool:
+    return task_row(engine, task_id).status == tq.TaskStatus.COMPLETED
+
+
+def test_a_task_holding_the_gil_past_its_lease_is_never_run_beside_its_worker(
+    backend: Backend,
+    engine: sa.Engine,
+    default_queue: tq.TaskQueue,
+    spans: Path,
+    deaths: Deaths,
+    processes: list[subprocess.Popen[str]],
+) -> None:
+    params = {"key": 1, "seconds": 3 * LEASE, "hold_gil_once": True}
+    task_id = enqueue_one(default_queue, engine, "span", params)
+    first, first_log = worker(backend.url, spans)
+    processes.append(first)
+    deaths.watch(first.pid)
+    run = first_run(spans)
+    assert run.pid == first.pid
+    second, _ = worker(backend.url, spans)
+    processes.append(second)
+    wait_until(lambda: completed(engine, task_id), 60, "the second worker to complete the task")
+    assert first.wait(30) == -signal.SIGKILL, "the watchdog killed the worker its task starved"
+    first_log.wait_for(lambda line: "watchdog" in line, 10, "the watchdog to say why it killed")
+    assert len(runs(spans)) == 2
+    assert_never_twice_at_once(spans, deaths)
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_a_stopped_worker_and_its_task_are_dead_before_its_lease_ends(
+    backend: Backend,
+    engine: sa.Engine,
+    default_queue: tq.TaskQueue,
+    spans: Path,
+    deaths: Deaths,
+    processes: list[subprocess.Popen[str]],
+    isolation: str,
+) -> None:
+    task_id = enqueue_one(default_queue, engine, "span", {"key": 1, "seconds": 3 * LEASE})
+    first, _ = worker(backend.url, spans, "--isolation", isolation)
+    processes.append(first)
+    deaths.watch(first.pid)
+    run = first_run(spans)
+    deaths.watch(run.pid)  # the worker itself, or its task's child process
+    os.kill(first.pid, signal.SIGSTOP)
+    second, _ = worker(backend.url, spans, "--isolation", isolation)
+    processes.append(second)
+    wait_until(lambda: completed(engine, task_id), 60, "the second worker to complete the task")
+    assert first.wait(30) == -signal.SIGKILL
+    assert len(runs(spans)) == 2
+    assert_never_twice_at_once(spans, deaths)
+
+
+@pytest.mark.backends("postgres", "mysql", "mariadb")
+def test_a_worker_cut_off_from_the_database_is_dead_before_its_lease_ends(
+    backend: Backend,
+    engine: sa.Engine,
+    default_queue: tq.TaskQueue,
+    spans: Path,
+    deaths: Deaths,
+    processes: list[subprocess.Popen[str]],
+) -> None:
+    server = sa.make_url(backend.url)
+    link = Link(server.host or "127.0.0.1", server.port or 5432)
+    try:
+        task_id = enqueue_one(default_queue, engine, "span", {"key": 1, "seconds": 3 * LEASE})
+        first, _ = worker(link.url(backend.url), spans)
+        processes.append(first)
+        deaths.watch(first.pid)
+        first_run(spans)
+        link.freeze()  # the partition: the worker's statements go unanswered
+        second, _ = worker(backend.url, spans)
+        processes.append(second)
+        wait_until(lambda: completed(engine, task_id), 60, "the second worker to complete the task")
+        assert first.wait(30) == -signal.SIGKILL
+        assert len(runs(spans)) == 2
+        assert_never_twice_at_once(spans, deaths)
+    finally:
+        link.close()
+
+
+@pytest.mark.backends("postgres", "mysql", "mariadb")
+def test_a_task_process_whose_lease_cannot_be_renewed_is_stopped_and_its_worker_lives_on(
+    backend: Backend,
+    engine: sa.Engine,
+    default_queue: tq.TaskQueue,
+    spans: Path,
+    deaths: Deaths,
+    processes: list[subprocess.Popen[str]],
+) -> None:
+    server = sa.make_url(backend.url)
+    link = Link(server.host or "127.0.0.1", server.port or 5432)
+    try:
+        task_id = enqueue_one(default_queue, engine, "span", {"key": 1, "seconds": 3 * LEASE})
+        first, first_log = worker(link.url(backend.url), spans, "--isolation", "process")
+        processes.append(first)
+        run = first_run(spans)
+        deaths.watch(run.pid)
+        link.sever()  # every renewal now fails at once
+        first_log.wait_for(lambda line: "its process was stopped" in line, 30, "the worker to stop its task")
+        wait_until(lambda: deaths.dead_at(run.pid) is not None, 10, "the task's process to end")
+        link.restore()
+        second, _ = worker(backend.url, spans, "--isolation", "process")
+        processes.append(second)
+        wait_until(lambda: completed(engine, task_id), 60, "the second worker to complete the task")
+        assert first.poll() is None, "the worker itself lives on"
+        assert len(runs(spans)) == 2
+        assert_never_twice_at_once(spans, deaths)
+    finally:
+        link.close()
