@@ -42,6 +42,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 #: The watchdog kills this long before a lease would end, or a quarter of the
 #: lease when that is shorter: time for the kill to land, and for clocks.
@@ -59,10 +60,15 @@ class Watchdog:
     Thread-safe: the claim loop, the heartbeat and task threads all report.
     """
 
-    def __init__(self, worker_pid: int | None = None) -> None:
+    def __init__(self, on_lost: Callable[[OSError], None], worker_pid: int | None = None) -> None:
+        """Start the watchdog process; ``on_lost`` is called once if it is ever found gone."""
         self.worker_pid = worker_pid or os.getpid()
+        self._on_lost = on_lost
         self._lock = threading.Lock()
         read_end, self._write_end = os.pipe()
+        # A watchdog that stopped reading must not block the worker: a full
+        # pipe counts as a watchdog gone.
+        os.set_blocking(self._write_end, False)
         try:
             self._process = subprocess.Popen(
                 [sys.executable, "-I", "-u", __file__, str(self.worker_pid)],
@@ -104,6 +110,7 @@ class Watchdog:
         """The worker stops cleanly: the watchdog exits without killing anything."""
         with self._lock:
             if self._closed:
+                self._process.poll()
                 return
             self._send("exit")
             self._closed = True
@@ -117,7 +124,12 @@ class Watchdog:
     def _send(self, line: str) -> None:
         if self._closed:
             return
-        os.write(self._write_end, f"{line}\n".encode())
+        try:
+            os.write(self._write_end, f"{line}\n".encode())
+        except OSError as error:  # the watchdog was killed: nothing guards the leases any more
+            self._closed = True
+            os.close(self._write_end)
+            self._on_lost(error)
 
 
 def register_child(fileno: int) -> None:

@@ -170,9 +170,9 @@ class Worker:
 
     def run(self) -> None:
         """Run until stopped (or, with ``burst``, until nothing is due)."""
-        restore_signals = self._install_signal_handlers()
         if self.watchdog:
-            self._watchdog = Watchdog()
+            self._watchdog = Watchdog(self._watchdog_lost)
+        restore_signals = self._install_signal_handlers()
         background: list[threading.Thread] = [
             threading.Thread(target=self._heartbeat, name="sa_taskqueue-heartbeat", daemon=True)
         ]
@@ -376,6 +376,13 @@ class Worker:
             )
             self._record(task, outcome)
             self._hook(self.on_failure, task, outcome.error)
+
+    def _watchdog_lost(self, error: OSError) -> None:
+        logger.error(
+            "the watchdog process is gone (%s): stopping, as nothing would stop a task whose lease ran out",
+            error,
+        )
+        self.stop()
 
     def _finished(self, slot: _Running) -> None:
         """The run is over: its lease no longer needs guarding, only its outcome writing."""

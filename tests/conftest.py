@@ -25,6 +25,7 @@ from sa_taskqueue.backends import Backend as DatabaseBackend
 from sa_taskqueue.backends import backend_for
 from tests.app import AppBase, make_engine, make_queue
 from tests.backends import STRATEGIES, Backend, Unavailable, provision
+from tests.link import Link
 
 BACKENDS = sorted(STRATEGIES)
 
@@ -166,3 +167,12 @@ def default_queue(engine: sa.Engine, lease: timedelta) -> Iterator[tq.TaskQueue]
 def session(engine: sa.Engine) -> Iterator[Session]:
     with Session(engine) as session:
         yield session
+
+
+@pytest.fixture
+def link(backend: Backend) -> Iterator[Link]:
+    """A loopback link to the backend's server that the test can cut (tests.link)."""
+    server = sa.make_url(backend.url)
+    link = Link(server.host or "127.0.0.1", server.port or 0)
+    yield link
+    link.close()

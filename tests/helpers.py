@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -162,3 +163,27 @@ def enqueue_one(
         task_id = task_queue.enqueue(session, name, params, **options).id  # type: ignore[arg-type]
         session.commit()
     return task_id
+
+
+def kill_other_sessions(conn: sa.Connection) -> int:
+    """Have the server end every other session on this database; how many it ended."""
+    if conn.dialect.name == "postgresql":
+        killed = conn.execute(
+            sa.text(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+        ).scalar_one()
+        conn.commit()
+        return int(killed)
+    ids = conn.execute(
+        sa.text(
+            "SELECT id FROM information_schema.processlist WHERE db = DATABASE() AND id <> CONNECTION_ID()"
+        )
+    ).scalars()
+    count = 0
+    for session_id in list(ids):
+        with contextlib.suppress(sa.exc.DBAPIError):  # it ended by itself meanwhile
+            conn.execute(sa.text(f"KILL CONNECTION {int(session_id)}"))
+            count += 1
+    return count

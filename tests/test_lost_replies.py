@@ -10,7 +10,6 @@ task over.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
@@ -21,14 +20,6 @@ import sa_taskqueue as tq
 from tests.backends import Backend
 from tests.helpers import task_row
 from tests.link import Link
-
-
-@pytest.fixture
-def link(backend: Backend) -> Iterator[Link]:
-    server = sa.make_url(backend.url)
-    link = Link(server.host or "127.0.0.1", server.port or 0)
-    yield link
-    link.close()
 
 
 @pytest.mark.backends("postgres", "mysql", "mariadb")

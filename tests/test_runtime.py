@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -18,7 +17,7 @@ from sqlalchemy.orm import Session
 import sa_taskqueue as tq
 from tests.app import executions
 from tests.backends import Backend, reachable
-from tests.helpers import StreamLines, start_cli, task_row, task_rows, wait_until
+from tests.helpers import StreamLines, kill_other_sessions, start_cli, task_row, task_rows, wait_until
 from tests.helpers import enqueue_one as enqueue
 
 WORKER = ("worker", "tests.cli_app:queue", "--poll-interval", "0.1")
@@ -190,29 +189,7 @@ RESTART_ENV = "SA_TASKQUEUE_TEST_POSTGRES_RESTART"
 def drop_connections(engine: sa.Engine) -> int:
     """Kill every other session on this database, as a failover or an admin would."""
     with engine.connect() as conn:
-        if conn.dialect.name == "postgresql":
-            killed = conn.execute(
-                sa.text(
-                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
-                )
-            ).scalar_one()
-            conn.commit()
-            return int(killed)
-        ids = (
-            conn.execute(
-                sa.text(
-                    "SELECT id FROM information_schema.processlist "
-                    "WHERE db = DATABASE() AND id <> CONNECTION_ID()"
-                )
-            )
-            .scalars()
-            .all()
-        )
-        for session_id in ids:
-            with contextlib.suppress(sa.exc.DBAPIError):  # it ended by itself meanwhile
-                conn.execute(sa.text(f"KILL CONNECTION {int(session_id)}"))
-        return len(ids)
+        return kill_other_sessions(conn)
 
 
 @pytest.mark.slow

@@ -11,6 +11,7 @@ the previous run of the same task has ended.
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import signal
 import subprocess
@@ -213,24 +214,20 @@ def test_a_worker_cut_off_from_the_database_is_dead_before_its_lease_ends(
     spans: Path,
     deaths: Deaths,
     processes: list[subprocess.Popen[str]],
+    link: Link,
 ) -> None:
-    server = sa.make_url(backend.url)
-    link = Link(server.host or "127.0.0.1", server.port or 5432)
-    try:
-        task_id = enqueue_one(default_queue, engine, "span", {"key": 1, "seconds": 3 * LEASE})
-        first, _ = worker(link.url(backend.url), spans)
-        processes.append(first)
-        deaths.watch(first.pid)
-        first_run(spans)
-        link.freeze()  # the partition: the worker's statements go unanswered
-        second, _ = worker(backend.url, spans)
-        processes.append(second)
-        wait_until(lambda: completed(engine, task_id), 60, "the second worker to complete the task")
-        assert first.wait(30) == -signal.SIGKILL
-        assert len(runs(spans)) == 2
-        assert_never_twice_at_once(spans, deaths)
-    finally:
-        link.close()
+    task_id = enqueue_one(default_queue, engine, "span", {"key": 1, "seconds": 3 * LEASE})
+    first, _ = worker(link.url(backend.url), spans)
+    processes.append(first)
+    deaths.watch(first.pid)
+    first_run(spans)
+    link.freeze()  # the partition: the worker's statements go unanswered
+    second, _ = worker(backend.url, spans)
+    processes.append(second)
+    wait_until(lambda: completed(engine, task_id), 60, "the second worker to complete the task")
+    assert first.wait(30) == -signal.SIGKILL
+    assert len(runs(spans)) == 2
+    assert_never_twice_at_once(spans, deaths)
 
 
 @pytest.mark.backends("postgres", "mysql", "mariadb")
@@ -241,24 +238,43 @@ def test_a_task_process_whose_lease_cannot_be_renewed_is_stopped_and_its_worker_
     spans: Path,
     deaths: Deaths,
     processes: list[subprocess.Popen[str]],
+    link: Link,
 ) -> None:
-    server = sa.make_url(backend.url)
-    link = Link(server.host or "127.0.0.1", server.port or 5432)
-    try:
-        task_id = enqueue_one(default_queue, engine, "span", {"key": 1, "seconds": 3 * LEASE})
-        first, first_log = worker(link.url(backend.url), spans, "--isolation", "process")
-        processes.append(first)
-        run = first_run(spans)
-        deaths.watch(run.pid)
-        link.sever()  # every renewal now fails at once
-        first_log.wait_for(lambda line: "its process was stopped" in line, 30, "the worker to stop its task")
-        wait_until(lambda: deaths.dead_at(run.pid) is not None, 10, "the task's process to end")
-        link.restore()
-        second, _ = worker(backend.url, spans, "--isolation", "process")
-        processes.append(second)
-        wait_until(lambda: completed(engine, task_id), 60, "the second worker to complete the task")
-        assert first.poll() is None, "the worker itself lives on"
-        assert len(runs(spans)) == 2
-        assert_never_twice_at_once(spans, deaths)
-    finally:
-        link.close()
+    task_id = enqueue_one(default_queue, engine, "span", {"key": 1, "seconds": 3 * LEASE})
+    first, first_log = worker(link.url(backend.url), spans, "--isolation", "process")
+    processes.append(first)
+    run = first_run(spans)
+    deaths.watch(run.pid)
+    link.sever()  # every renewal now fails at once
+    first_log.wait_for(lambda line: "its process was stopped" in line, 30, "the worker to stop its task")
+    wait_until(lambda: deaths.dead_at(run.pid) is not None, 10, "the task's process to end")
+    link.restore()
+    second, _ = worker(backend.url, spans, "--isolation", "process")
+    processes.append(second)
+    wait_until(lambda: completed(engine, task_id), 60, "the second worker to complete the task")
+    assert first.poll() is None, "the worker itself lives on"
+    assert len(runs(spans)) == 2
+    assert_never_twice_at_once(spans, deaths)
+
+
+@pytest.mark.backends("sqlite")  # about the worker's own process, not the database
+def test_a_worker_whose_watchdog_is_killed_stops(
+    default_queue: tq.TaskQueue, engine: sa.Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    worker = tq.Worker(default_queue, concurrency=1, poll_interval=0.05, shutdown_timeout=30)
+    runner = threading.Thread(target=worker.run)
+    with caplog.at_level(logging.ERROR, logger="sa_taskqueue"):
+        runner.start()
+        try:
+            wait_until(lambda: worker._watchdog is not None, 30, "the watchdog to start")
+            watchdog = worker._watchdog
+            assert watchdog is not None
+            os.kill(watchdog.pid, signal.SIGKILL)
+            # The next task's claim tells the watchdog its deadline, and finds it gone.
+            enqueue_one(default_queue, engine, "record", {"key": 1})
+            runner.join(60)
+        finally:
+            worker.stop()
+            runner.join(60)
+    assert not runner.is_alive(), "the worker stopped by itself"
+    assert "the watchdog process is gone" in caplog.text

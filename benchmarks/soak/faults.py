@@ -28,6 +28,7 @@ import sqlalchemy as sa
 
 from benchmarks.soak.server import WheelPostgres
 from benchmarks.soak.workers import WorkerPool
+from tests.helpers import kill_other_sessions
 
 KINDS = ("none", "sigkill", "sigstop", "connections", "restart")
 DEFAULT_FAULTS = "none,sigkill,sigkill-process,sigstop,sigstop-process,connections,restart"
@@ -148,30 +149,6 @@ class KillConnections(NoFault):
         finally:
             engine.dispose()
         return f"{killed} session(s) killed"
-
-
-def kill_other_sessions(conn: sa.Connection) -> int:
-    """Have the server end every other session on this database; how many it ended."""
-    if conn.dialect.name == "postgresql":
-        killed = conn.execute(
-            sa.text(
-                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
-            )
-        ).scalar_one()
-        conn.commit()
-        return int(killed)
-    ids = conn.execute(
-        sa.text(
-            "SELECT id FROM information_schema.processlist WHERE db = DATABASE() AND id <> CONNECTION_ID()"
-        )
-    ).scalars()
-    count = 0
-    for session_id in list(ids):
-        with contextlib.suppress(sa.exc.DBAPIError):  # it ended by itself meanwhile
-            conn.execute(sa.text(f"KILL CONNECTION {int(session_id)}"))
-            count += 1
-    return count
 
 
 class RestartServer(NoFault):
