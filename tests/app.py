@@ -80,18 +80,23 @@ def make_queue(
         ctypes.string_at(0)
 
     @queue.task(name="span")
-    def span(key: int, seconds: float, hold_gil_once: bool = False) -> None:
-        """Log its start and end to $SA_TASKQUEUE_TEST_SPANS; the first run may hold the GIL throughout."""
+    def span(key: int, seconds: float, hold_gil: bool = False) -> None:
+        """Log its start and end to $SA_TASKQUEUE_TEST_SPANS.
+
+        Only the first run lasts ``seconds`` (holding the GIL throughout,
+        with ``hold_gil``); a later run ends at once.
+        """
         record_span("start", key)
-        marker = Path(os.environ["SA_TASKQUEUE_TEST_SPANS"] + f".held-{key}")
-        if hold_gil_once and not marker.exists():
+        marker = Path(os.environ["SA_TASKQUEUE_TEST_SPANS"] + f".ran-{key}")
+        if not marker.exists():
             marker.touch()
-            # A C call made through PyDLL keeps the GIL: no other thread of
-            # this process runs until it returns, the heartbeat included.
-            libc = ctypes.PyDLL(ctypes.util.find_library("c") or "libc.so.6")
-            libc.sleep(int(seconds))
-        else:
-            time.sleep(seconds)
+            if hold_gil:
+                # A C call made through PyDLL keeps the GIL: no other thread
+                # of this process runs until it returns, the heartbeat included.
+                libc = ctypes.PyDLL(ctypes.util.find_library("c") or "libc.so.6")
+                libc.sleep(int(seconds))
+            else:
+                time.sleep(seconds)
         record_span("end", key)
 
     @queue.task(name="slow", timeout=timedelta(seconds=0.5))

@@ -94,6 +94,7 @@ def test_an_unreachable_server_is_named_without_its_secrets(backend: Backend, wh
 IGNORED_SECRET = {
     "sqlite": "token",
     "postgres": "sslpassword",
+    "postgres18": "sslpassword",
     "mysql": "ssl_key_password",
     "mariadb": "ssl_key_password",
 }

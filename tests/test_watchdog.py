@@ -165,7 +165,7 @@ def test_a_task_holding_the_gil_past_its_lease_is_never_run_beside_its_worker(
     deaths: Deaths,
     processes: list[subprocess.Popen[str]],
 ) -> None:
-    params = {"key": 1, "seconds": 3 * LEASE, "hold_gil_once": True}
+    params = {"key": 1, "seconds": 3 * LEASE, "hold_gil": True}
     task_id = enqueue_one(default_queue, engine, "span", params)
     first, first_log = worker(backend.url, spans)
     processes.append(first)
