@@ -58,7 +58,7 @@ def runs(spans: Path) -> list[Run]:
 def _gone(pid: int) -> bool:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # gone, or going while read
         return True
     return stat.rpartition(")")[2].split()[0] in ("Z", "X")  # a zombie runs nothing
 
