@@ -1,0 +1,87 @@
+"""The README's Python examples run as tests, so they cannot drift from the code.
+
+pytest-markdown-docs turns each ```python fence of README.md into a test item
+(``python notest`` fences are shown, not run; ``python continuation`` ones run
+after the fences before them, in the same namespace).  Its own switch,
+``--markdown-docs``, would also import every module under tests/ to read
+docstrings, some of which fail to import on purpose, so README.md alone is
+collected here.
+
+Each example runs in a fresh temporary directory, so the ``sqlite:///app.db``
+an example defaults to is a new file there.  Against another backend
+(``pytest --backend postgres``, or ``SA_TASKQUEUE_TEST_BACKEND=postgres
+pytest README.md`` for the README alone) ``DATABASE_URL`` names that backend's
+database, and the tables an example created are dropped after it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from pytest_markdown_docs.plugin import MarkdownTextFile
+
+#: The files whose examples run: the project's front page.
+EXAMPLE_FILES = ("README.md",)
+
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
+    if (
+        file_path.name in EXAMPLE_FILES
+        and file_path.parent == parent.config.rootpath
+        and not parent.config.option.markdowndocs  # the plugin collects it itself then
+    ):
+        return MarkdownTextFile.from_parent(parent, path=file_path)  # type: ignore[no-any-return]
+    return None
+
+
+@pytest.fixture(scope="session")
+def readme_database_url(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str | None]:
+    """The backend's URL for the examples; None on SQLite, where each example keeps its own default file."""
+    # tests/conftest.py defines --backend; run alone (`pytest README.md`), the file reads the variable.
+    name = request.config.getoption(
+        "--backend", default=os.environ.get("SA_TASKQUEUE_TEST_BACKEND", "sqlite")
+    )
+    if name == "sqlite":
+        yield None
+        return
+    from tests.backends import Unavailable, provision
+
+    try:
+        with provision(name, str(tmp_path_factory.mktemp("readme-db"))) as found:
+            yield found.url
+    except Unavailable as error:
+        pytest.exit(str(error), returncode=3)
+
+
+@pytest.fixture(autouse=True)
+def _readme_example_setting(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A README example runs in a temporary directory, with ``DATABASE_URL`` naming the backend's database."""
+    if request.node.get_closest_marker("markdown-docs") is None:
+        yield
+        return
+    tmp_path: Path = request.getfixturevalue("tmp_path")
+    monkeypatch: pytest.MonkeyPatch = request.getfixturevalue("monkeypatch")
+    url: str | None = request.getfixturevalue("readme_database_url")
+    monkeypatch.chdir(tmp_path)
+    if url is None:
+        monkeypatch.delenv("DATABASE_URL", raising=False)
+        yield
+        return
+    monkeypatch.setenv("DATABASE_URL", url)
+    engine = sa.create_engine(url)
+    try:
+        before = set(sa.inspect(engine).get_table_names())
+        yield
+        created = set(sa.inspect(engine).get_table_names()) - before
+        if created:
+            leftovers = sa.MetaData()
+            leftovers.reflect(engine, only=sorted(created))
+            leftovers.drop_all(engine)
+    finally:
+        engine.dispose()
