@@ -11,7 +11,9 @@ Each example runs in a fresh temporary directory, so the ``sqlite:///app.db``
 an example defaults to is a new file there.  Against another backend
 (``pytest --backend postgres``, or ``SA_TASKQUEUE_TEST_BACKEND=postgres
 pytest README.md`` for the README alone) ``DATABASE_URL`` names that backend's
-database, and the tables an example created are dropped after it.
+database, and the tables an example created are dropped after it.  A fence
+on an AsyncEngine asks for ``fixture:async_driver`` in its info string (not
+shown when rendered) and gets the URL with the database's asyncio driver.
 """
 
 from __future__ import annotations
@@ -85,3 +87,13 @@ def _readme_example_setting(request: pytest.FixtureRequest) -> Iterator[None]:
             leftovers.drop_all(engine)
     finally:
         engine.dispose()
+
+
+@pytest.fixture
+def async_driver(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``DATABASE_URL`` in asyncio form, for an example on an AsyncEngine (``fixture:async_driver``)."""
+    url: str | None = request.getfixturevalue("readme_database_url")
+    if url is not None:
+        from tests.async_drivers import async_url
+
+        monkeypatch.setenv("DATABASE_URL", async_url(url))

@@ -18,8 +18,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_asyn
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
 
 from sa_taskqueue.fastapi import session_dependency
+from tests.async_drivers import async_url
 from tests.backends import Backend
-from tests.test_fastapi_example import async_url
 
 
 class NoteBase(DeclarativeBase):
