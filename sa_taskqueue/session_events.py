@@ -76,10 +76,12 @@ def _check(instance: TaskMixin, values: dict[str, Any], *, new: bool) -> None:
 def _changed(state: InstanceState[Any]) -> dict[str, Any]:
     """The checked columns a loaded row's pending change sets, with their new values."""
     changed: dict[str, Any] = {}
+    attributes = state.attrs
     for column in CHECKED_COLUMNS:
-        history = state.attrs[column].history
-        if history.added:
-            changed[column] = history.added[0]
+        if column in attributes:  # (a model of one's own may map fewer columns)
+            history = attributes[column].history
+            if history.added:
+                changed[column] = history.added[0]
     return changed
 
 

@@ -446,8 +446,9 @@ def test_a_scoped_session_notifies_at_commit(
 
 
 def test_flask_sqlalchemys_session(backend: Backend, engine: sa.Engine, default_queue: tq.TaskQueue) -> None:
-    flask = pytest.importorskip("flask")
-    flask_sqlalchemy = pytest.importorskip("flask_sqlalchemy")
+    import flask
+    import flask_sqlalchemy
+
     app = flask.Flask(__name__)
     app.config["SQLALCHEMY_DATABASE_URI"] = backend.url
     db = flask_sqlalchemy.SQLAlchemy(app)
@@ -479,9 +480,6 @@ def async_url(backend: Backend) -> str:
 
 @pytest.mark.backends("sqlite", "postgres")  # the async drivers the test extra installs: aiosqlite, psycopg
 def test_an_async_session_checks_and_commits_added_rows(backend: Backend, engine: sa.Engine) -> None:
-    pytest.importorskip("greenlet")
-    if backend.is_sqlite:
-        pytest.importorskip("aiosqlite")
     from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 
     async def add_rows() -> None:
@@ -507,7 +505,6 @@ def test_an_async_session_checks_and_commits_added_rows(backend: Backend, engine
 @pytest.mark.backends("postgres")
 @pytest.mark.requires("notify")
 def test_an_async_session_notifies_at_commit(backend: Backend, engine: sa.Engine) -> None:
-    pytest.importorskip("greenlet")
     from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 
     async def add_row() -> None:
