@@ -142,7 +142,8 @@ class TaskWithOptions:
             validation.check_delay(delay)
             validation.run_at_after(task.queue.clock(), delay)  # a delay past what a database stores
         self.task = task
-        self.queue = queue
+        #: The queue's name (``task.queue`` is the `TaskQueue`).
+        self.queue_name = queue
         self.priority = priority
         self.run_at = run_at
         self.delay = delay
@@ -161,7 +162,7 @@ class TaskWithOptions:
         when_given = run_at is not None or delay is not None
         return TaskWithOptions(
             self.task,
-            self.queue if queue is None else queue,
+            self.queue_name if queue is None else queue,
             self.priority if priority is None else priority,
             run_at if when_given else self.run_at,
             delay if when_given else self.delay,
@@ -174,7 +175,7 @@ class TaskWithOptions:
             current_session(session),
             self.task.name,
             params,
-            queue=self.queue,
+            queue=self.queue_name,
             priority=self.priority,
             run_at=self._run_at(),
             max_attempts=self.max_attempts,
@@ -193,7 +194,7 @@ class TaskWithOptions:
             current_session(session),
             self.task.name,
             params_list,
-            queue=self.queue,
+            queue=self.queue_name,
             priority=self.priority,
             run_at=self._run_at(),
             max_attempts=self.max_attempts,
@@ -207,7 +208,7 @@ class TaskWithOptions:
 
     def __repr__(self) -> str:
         options = {
-            "queue": self.queue,
+            "queue": self.queue_name,
             "priority": self.priority,
             "run_at": self.run_at,
             "delay": self.delay,
