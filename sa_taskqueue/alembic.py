@@ -28,9 +28,10 @@ rather than as ``UTCDateTime()`` with an import.  Why the physical types:
   on the way in and out, JSON serialised on Oracle) acts on values, which
   the application's model, not its migrations, reads and writes.
 
-The database compares the model's types with what it reflects as it would
-for any column (each of our types compiles to its physical type), so a
-second autogenerate after ``upgrade head`` finds nothing to do.
+No second hook is needed for the comparison: Alembic compares a column's
+type by the DDL it compiles to, and each of our types compiles to its
+physical type, so a second autogenerate after ``upgrade head`` finds nothing
+to do.
 
 An application that also runs the library's own migrations
 (``sa-taskqueue migrate``) has ``sa_taskqueue_task`` and the version table
