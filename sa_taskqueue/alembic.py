@@ -5,8 +5,11 @@ and runs ``alembic revision --autogenerate``.  Alembic renders a column type
 it does not know as ``<module>.<repr>``, here ``sa_taskqueue.types.UTCDateTime()``,
 and imports nothing for it (``alembic.autogenerate.render._repr_type``): the
 revision then fails with ``NameError: name 'sa_taskqueue' is not defined``.
-Only a ``render_item`` hook can change how a type is rendered, so one is
-needed; an ``env.py`` passes exactly one argument for it::
+Only a ``render_item`` hook can change that, so one is needed.  The
+alternatives do not hold: ``user_module_prefix`` changes the prefix but still
+imports nothing, and declaring the mixin's columns with plain SQLAlchemy types
+would lose what our types do to values (UTC in and out, JSON as text on
+Oracle).  An ``env.py`` passes exactly one argument for the hook::
 
     import sa_taskqueue.alembic
 
