@@ -7,7 +7,7 @@ run ``queue.run_worker()``.
 
 from __future__ import annotations
 
-from sa_taskqueue import backends, strategies
+from sa_taskqueue import backends, session_events, strategies
 from sa_taskqueue.claimed import ClaimedTask
 from sa_taskqueue.exceptions import (
     DatabaseBusy,
@@ -21,10 +21,15 @@ from sa_taskqueue.exceptions import (
 )
 from sa_taskqueue.model import Base, Task, TaskMixin, TaskStatus, metadata
 from sa_taskqueue.queue import TaskQueue
-from sa_taskqueue.registered import RegisteredTask
+from sa_taskqueue.registered import RegisteredTask, TaskWithOptions
 from sa_taskqueue.worker import Worker
 
 __version__ = "0.1.0"
+
+# ``session.add(Task(...))`` is checked and wakes workers like ``enqueue``.
+# Every import of a submodule (the model included) imports this package first,
+# so no task row is flushed before these listeners are in place.
+session_events.listen()
 
 __all__ = [
     "Base",
@@ -42,6 +47,7 @@ __all__ = [
     "TaskQueue",
     "TaskQueueError",
     "TaskStatus",
+    "TaskWithOptions",
     "Worker",
     "backends",
     "metadata",

@@ -42,6 +42,7 @@ class ColumnLimits:
     queue_length: int = QUEUE_LENGTH
     priority_range: tuple[int, int] = (-(2**31), 2**31 - 1)
     max_attempts_range: tuple[int, int] = (1, 2**31 - 1)
+    attempts_range: tuple[int, int] = (0, 2**31 - 1)
 
     @classmethod
     def of(cls, table: Table) -> ColumnLimits:
@@ -51,6 +52,7 @@ class ColumnLimits:
             queue_length=_length(table, "queue", QUEUE_LENGTH),
             priority_range=_integer_range(table, "priority"),
             max_attempts_range=(1, _integer_range(table, "max_attempts")[1]),
+            attempts_range=(0, _integer_range(table, "attempts")[1]),
         )
 
 

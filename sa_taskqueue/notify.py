@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from sqlalchemy import Engine, Table, func, select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, SessionTransaction, scoped_session
 
 from sa_taskqueue.backends import backend_for
 
@@ -27,23 +27,62 @@ def channel_name(table: Table) -> str:
     return f"sa_taskqueue_{table.name}"[:63]
 
 
-def notify_enqueued(session: Session, table: Table, queues: Iterable[str]) -> None:
-    """Within the caller's transaction: wake listening workers of these queues at commit."""
-    if not backend_for(session.get_bind().dialect).notify:
+def notify_enqueued(session: Session | scoped_session[Any], table: Table, queues: Iterable[str]) -> None:
+    """Within the caller's transaction: wake listening workers of these queues at commit.
+
+    ``session`` may be a `scoped_session` (Flask-SQLAlchemy's ``db.session``):
+    its current Session is used.
+    """
+    session = current_session(session)
+    if not backend_for(session.get_bind(clause=table).dialect).notify:
         return
     channel = channel_name(table)
+    session.connection(bind_arguments={"clause": table})  # begins the transaction, if none is open yet
     # One notification per queue and transaction is all a commit delivers
-    # anyway, so a loop of enqueues pays for the first one only.
-    # (The transaction itself is kept, not its id, which a later one could reuse.)
-    transaction = session.get_nested_transaction() or session.get_transaction()
-    remembered = session.info.get("sa_taskqueue_notified")
-    if remembered is None or remembered[0] is not transaction:
-        remembered = session.info["sa_taskqueue_notified"] = (transaction, set())
-    already: set[tuple[str, str]] = remembered[1]
+    # anyway, so a loop of enqueues pays for the first one only.  What was
+    # sent is remembered per transaction, the root one or a savepoint: a
+    # NOTIFY sent inside a savepoint that rolls back is discarded with it, so
+    # only the memos of the transactions still open around this one count.
+    # (Transactions are kept, not their ids, which a later one could reuse.)
+    open_now = _open_transactions(session)
+    remembered: dict[SessionTransaction, set[tuple[str, str]]] = session.info.get(_NOTIFIED_KEY, {})
+    remembered = {
+        transaction: remembered[transaction] for transaction in open_now if transaction in remembered
+    }
+    already = set().union(*remembered.values())
     for queue in sorted(set(queues)):
         if (channel, queue) not in already:
-            session.execute(select(func.pg_notify(channel, queue)))
-            already.add((channel, queue))
+            session.execute(select(func.pg_notify(channel, queue)), bind_arguments={"clause": table})
+            remembered.setdefault(open_now[0], set()).add((channel, queue))
+    session.info[_NOTIFIED_KEY] = remembered
+
+
+#: Where a session keeps what `notify_enqueued` sent in its open transactions.
+_NOTIFIED_KEY = "sa_taskqueue_notified"
+
+
+def current_session(session: Session | scoped_session[Any]) -> Session:
+    """The Session to work in: ``session`` itself, or a `scoped_session`'s current one."""
+    if isinstance(session, scoped_session):
+        resolved: Session = session()
+        return resolved
+    return session
+
+
+def _open_transactions(session: Session) -> list[SessionTransaction]:
+    """The innermost savepoint (or the transaction), then each savepoint around it, then the transaction.
+
+    A NOTIFY sent in any of them reaches listeners if the current one commits
+    through to the end.  The flush's internal subtransactions are left out:
+    they end with each flush.
+    """
+    found: list[SessionTransaction] = []
+    transaction = session.get_nested_transaction() or session.get_transaction()
+    while transaction is not None:
+        if transaction.nested or transaction.parent is None:
+            found.append(transaction)
+        transaction = transaction.parent
+    return found
 
 
 class Listener(threading.Thread):

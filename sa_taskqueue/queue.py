@@ -210,8 +210,7 @@ class TaskQueue:
         # The mixin declares no constructor; the mapped subclass gets the declarative one.
         task = cast("Callable[..., TaskMixin]", self.model)(**values)
         session.add(task)
-        session.flush()
-        notify_enqueued(session, self.table, [task.queue])
+        session.flush()  # which checks the row again and sends its NOTIFY (sa_taskqueue.session_events)
         return task
 
     def enqueue_many(

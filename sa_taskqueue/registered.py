@@ -5,13 +5,17 @@ from __future__ import annotations
 import functools
 import inspect
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
+from sa_taskqueue import validation
+from sa_taskqueue.limits import ColumnLimits
+from sa_taskqueue.notify import current_session
+
 if TYPE_CHECKING:
-    from sqlalchemy.orm import Session
+    from sqlalchemy.orm import Session, scoped_session
 
     from sa_taskqueue.model import TaskMixin
     from sa_taskqueue.queue import TaskQueue
@@ -60,6 +64,26 @@ class RegisteredTask(Generic[P, R]):
         """Add a run of this task with ``params`` to ``session`` (flushed, not committed)."""
         return self.queue.enqueue(session, self.name, params)
 
+    def using(
+        self,
+        *,
+        queue: str | None = None,
+        priority: int | None = None,
+        run_at: datetime | None = None,
+        delay: timedelta | None = None,
+        max_attempts: int | None = None,
+    ) -> TaskWithOptions:
+        """This task with options for the enqueues made through what it returns.
+
+        ``task.using(queue="mail", delay=timedelta(minutes=5)).enqueue(session, **params)``
+        enqueues like ``enqueue``, with these options in place of the
+        registration's; an option left None keeps the registration's.  ``delay``
+        is counted from each enqueue (by the queue's clock); ``run_at`` and
+        ``delay`` together are refused.  Every option is checked here, so a bad
+        one fails where it is written, not at a later enqueue.
+        """
+        return TaskWithOptions(self, queue, priority, run_at, delay, max_attempts)
+
     def check_params(self, params: Mapping[str, Any]) -> None:
         """Params the function can be called with, as the worker will call it (``func(**params)``).
 
@@ -84,6 +108,114 @@ class RegisteredTask(Generic[P, R]):
 
     def __repr__(self) -> str:
         return f"<RegisteredTask {self.name!r}>"
+
+
+class TaskWithOptions:
+    """A registered task with per-call options: what ``RegisteredTask.using(...)`` returns.
+
+    Its ``enqueue`` and ``enqueue_many`` pass straight through to the queue's
+    with these options, so they check params against the function's
+    signature and return what the queue's return.
+    """
+
+    def __init__(
+        self,
+        task: RegisteredTask[Any, Any],
+        queue: str | None,
+        priority: int | None,
+        run_at: datetime | None,
+        delay: timedelta | None,
+        max_attempts: int | None,
+    ) -> None:
+        limits = ColumnLimits.of(task.queue.table)
+        if queue is not None:
+            validation.check_queue_name(queue, limits)
+        if priority is not None:
+            validation.check_priority(priority, limits)
+        if max_attempts is not None:
+            validation.check_max_attempts(max_attempts, limits)
+        if run_at is not None and delay is not None:
+            raise ValueError("pass run_at or delay, not both: each says when the task is due")
+        if run_at is not None:
+            validation.check_run_at(run_at)
+        if delay is not None:
+            validation.check_delay(delay)
+            validation.run_at_after(task.queue.clock(), delay)  # a delay past what a database stores
+        self.task = task
+        #: The queue's name (``task.queue`` is the `TaskQueue`).
+        self.queue_name = queue
+        self.priority = priority
+        self.run_at = run_at
+        self.delay = delay
+        self.max_attempts = max_attempts
+
+    def using(
+        self,
+        *,
+        queue: str | None = None,
+        priority: int | None = None,
+        run_at: datetime | None = None,
+        delay: timedelta | None = None,
+        max_attempts: int | None = None,
+    ) -> TaskWithOptions:
+        """These options with some replaced; a new ``run_at`` replaces a ``delay`` and the reverse."""
+        when_given = run_at is not None or delay is not None
+        return TaskWithOptions(
+            self.task,
+            self.queue_name if queue is None else queue,
+            self.priority if priority is None else priority,
+            run_at if when_given else self.run_at,
+            delay if when_given else self.delay,
+            self.max_attempts if max_attempts is None else max_attempts,
+        )
+
+    def enqueue(self, session: Session | scoped_session[Any], /, **params: Any) -> TaskMixin:
+        """Add a run of the task with ``params`` and these options to ``session`` (flushed, not committed)."""
+        return self.task.queue.enqueue(
+            current_session(session),
+            self.task.name,
+            params,
+            queue=self.queue_name,
+            priority=self.priority,
+            run_at=self._run_at(),
+            max_attempts=self.max_attempts,
+        )
+
+    def enqueue_many(
+        self,
+        session: Session | scoped_session[Any],
+        params_list: Iterable[dict[str, Any] | None],
+        /,
+        *,
+        chunk_size: int = 1000,
+    ) -> list[int] | None:
+        """One run per params dict, with these options, one INSERT per ``chunk_size``, as ``enqueue_many``."""
+        return self.task.queue.enqueue_many(
+            current_session(session),
+            self.task.name,
+            params_list,
+            queue=self.queue_name,
+            priority=self.priority,
+            run_at=self._run_at(),
+            max_attempts=self.max_attempts,
+            chunk_size=chunk_size,
+        )
+
+    def _run_at(self) -> datetime | None:
+        if self.delay is None:
+            return self.run_at
+        return validation.run_at_after(self.task.queue.clock(), self.delay)
+
+    def __repr__(self) -> str:
+        options = {
+            "queue": self.queue_name,
+            "priority": self.priority,
+            "run_at": self.run_at,
+            "delay": self.delay,
+            "max_attempts": self.max_attempts,
+        }
+        shown = ", ".join(f"{key}={value!r}" for key, value in options.items() if value is not None)
+        return f"<TaskWithOptions {self.task.name!r} {shown}>"
 
 
 #: How many sets of params keys known to fit a task's function are remembered.

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -179,15 +180,28 @@ def check_positive_int(argument: str, value: Any) -> None:
 
 def check_run_at(run_at: Any) -> None:
     """An aware datetime that is, in UTC, within the years every database stores (1000 to 9999)."""
-    if not isinstance(run_at, datetime):
-        raise TypeError(f"run_at must be a datetime, got {type(run_at).__name__}")
-    if run_at.tzinfo is None or run_at.utcoffset() is None:
-        raise ValueError(f"run_at must be timezone-aware, got naive {run_at!r}")
-    if not EARLIEST_RUN_AT <= run_at <= LATEST_RUN_AT:
+    check_datetime("run_at", run_at)
+
+
+def check_datetime(argument: str, value: Any) -> None:
+    """An aware datetime within the years every database stores; ``argument`` names it in the error."""
+    if not isinstance(value, datetime):
+        raise TypeError(f"{argument} must be a datetime, got {type(value).__name__}")
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ValueError(f"{argument} must be timezone-aware, got naive {value!r}")
+    if not EARLIEST_RUN_AT <= value <= LATEST_RUN_AT:
         raise ValueError(
-            f"run_at must be between {EARLIEST_RUN_AT.isoformat()} and {LATEST_RUN_AT.isoformat()} "
-            f"in UTC, got {run_at.isoformat()}"
+            f"{argument} must be between {EARLIEST_RUN_AT.isoformat()} and {LATEST_RUN_AT.isoformat()} "
+            f"in UTC, got {value.isoformat()}"
         )
+
+
+def check_delay(delay: Any) -> None:
+    """A non-negative timedelta (how long from now a task is due)."""
+    if not isinstance(delay, timedelta):
+        raise TypeError(f"delay must be a timedelta, got {type(delay).__name__}")
+    if delay < timedelta(0):
+        raise ValueError(f"delay must not be negative, got {delay!r}")
 
 
 def run_at_after(now: datetime, delay: timedelta) -> datetime:
@@ -250,12 +264,82 @@ def task_values(
     }
 
 
+#: The columns of a task row `check_task_row` checks, and the datetimes among them.
+CHECKED_COLUMNS = (
+    "name",
+    "queue",
+    "params",
+    "priority",
+    "attempts",
+    "max_attempts",
+    "status",
+    "run_at",
+    "created_at",
+    "started_at",
+    "finished_at",
+    "locked_until",
+    "result",
+)
+_DATETIME_COLUMNS = frozenset({"run_at", "created_at", "started_at", "finished_at", "locked_until"})
+
+
+def check_task_row(values: Mapping[str, Any], limits: ColumnLimits = DEFAULT_LIMITS, *, new: bool) -> None:
+    """The values an application set on a task row itself (``session.add(Task(...))``), each checked.
+
+    ``values`` holds only the columns that were set: a column missing, or
+    None in a ``new`` row, gets its default at the INSERT.  A new row must
+    have a name.  The name is not looked up among registered tasks: the
+    process adding the row need not import the task (a worker that knows no
+    such task leaves it queued).
+    """
+    if new and values.get("name") is None:
+        raise TypeError("name must be set: a task row needs the name of the task to run")
+    for column, value in values.items():
+        if value is None:
+            if not new and column not in _NULLABLE_COLUMNS:
+                raise TypeError(f"{column} must not be None: the column holds no NULL")
+            continue
+        _ROW_CHECKS[column](value, limits)
+
+
+def check_status(status: Any) -> None:
+    """A `TaskStatus`, or the string value of one (what the column stores)."""
+    if not isinstance(status, str):
+        raise TypeError(f"status must be a TaskStatus, got {type(status).__name__}")
+    try:
+        TaskStatus(status)
+    except ValueError:
+        known = ", ".join(repr(member.value) for member in TaskStatus)
+        raise ValueError(f"status must be one of {known}, got {_shown(status)}") from None
+
+
+def _datetime_check(column: str) -> Callable[[Any, ColumnLimits], None]:
+    return lambda value, _: check_datetime(column, value)
+
+
+_NULLABLE_COLUMNS = frozenset({"started_at", "finished_at", "locked_until", "result"})
+
+_ROW_CHECKS: dict[str, Callable[[Any, ColumnLimits], None]] = {
+    "name": check_task_name,
+    "queue": check_queue_name,
+    "params": lambda value, _: check_params(value),
+    "priority": check_priority,
+    "attempts": lambda value, limits: check_int("attempts", value, limits.attempts_range),
+    "max_attempts": check_max_attempts,
+    "status": lambda value, _: check_status(value),
+    "result": lambda value, _: check_result(value),
+    **{column: _datetime_check(column) for column in _DATETIME_COLUMNS},
+}
+
+
 def _shown(text: str) -> str:
     """``text`` for an error message: repr'd, and shortened when long."""
     return repr(text) if len(text) <= 80 else f"{text[:60]!r}... ({len(text)} characters)"
 
 
 __all__ = [
+    "check_datetime",
+    "check_delay",
     "check_int",
     "check_max_attempts",
     "check_params",
@@ -265,8 +349,10 @@ __all__ = [
     "check_result",
     "check_retry_delay",
     "check_run_at",
+    "check_status",
     "check_task_id",
     "check_task_name",
+    "check_task_row",
     "check_text",
     "is_storable",
     "run_at_after",
