@@ -79,7 +79,7 @@ def print_list(console: Console, rows: list[dict[str, Any]], now: datetime) -> N
         ("age", "right"),
         ("worker", "left"),
     ):
-        table.add_column(heading, justify=justify)  # type: ignore[arg-type]
+        table.add_column(heading, justify=justify, no_wrap=heading in ("id", "run_at (UTC)"))  # type: ignore[arg-type]
     for row in rows:
         table.add_row(
             str(row["id"]),
