@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 import sa_taskqueue as tq
 from sa_taskqueue.cli import cli
 from tests.backends import Backend
-from tests.helpers import task_rows
+from tests.helpers import run_cli, task_rows
 from tests.own_table import Job, JobBase
 
 APP = (
@@ -359,3 +359,45 @@ def test_show_an_unknown_id_is_a_clear_failure(jobs: sa.Engine, run: Callable[..
     result = run("show", "987654", "--app", APP)
     assert result.exit_code == 1
     assert result.stderr.strip() == "error: no task 987654 in app_job"
+
+
+# the worker's JSON log lines -----------------------------------------------------------
+
+
+@pytest.mark.slow  # a worker process
+def test_json_log_lines_carry_the_task_s_fields(backend: Backend, jobs: sa.Engine) -> None:
+    ok, bad = add_jobs(
+        jobs,
+        Job(name="mail.send", queue="mail", params={"to": "a@example.com"}),
+        Job(name="report.build", params={"day": "monday"}),
+    )
+    worker = run_cli("worker", APP, "--burst", "--log-format", "json", url=backend.url)
+    assert worker.returncode == 0, worker.stderr
+    entries = [json.loads(line) for line in worker.stderr.splitlines() if line.strip()]
+
+    def about(task_id: int, ending: str) -> dict[str, Any]:
+        [entry] = [e for e in entries if e.get("task_id") == task_id and ending in e["message"]]
+        return entry  # type: ignore[no-any-return]
+
+    started = about(ok, "started")
+    assert {key: started[key] for key in ("level", "logger", "task_name", "queue", "attempt")} == {
+        "level": "info",
+        "logger": "sa_taskqueue",
+        "task_name": "mail.send",
+        "queue": "mail",
+        "attempt": 1,
+    }
+    assert datetime.fromisoformat(started["time"]).utcoffset() == timedelta(0)
+    assert started["worker_id"].count(":") == 2  # host:pid:token
+    done = about(ok, "done in")
+    assert done["duration_ms"] >= 0
+    assert done["worker_id"] == started["worker_id"]
+    assert "error" not in done
+    failed = about(bad, "failed after")
+    assert (failed["level"], failed["task_name"], failed["error"]) == (
+        "warning",
+        "report.build",
+        "no data for monday",
+    )
+    assert failed["duration_ms"] >= 0
+    assert {entry["logger"] for entry in entries} == {"sa_taskqueue"}
