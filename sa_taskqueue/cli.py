@@ -542,7 +542,7 @@ def status(ctx: click.Context, app_argument: str | None, app: str | None, url: s
     if report.oldest_due_age is None:
         console.print("oldest due task: none waiting")
     else:
-        console.print(f"oldest due task: waiting {_human(report.oldest_due_age)}")
+        console.print(f"oldest due task: waiting {human_age(report.oldest_due_age)}")
     if report.expired_leases:
         ids = ", ".join(str(task_id) for task_id in report.expired_leases[:20])
         console.print(f"running with an expired lease (worker gone?): {len(report.expired_leases)}: {ids}")
@@ -561,14 +561,10 @@ def unregistered_line(unregistered: list[UnregisteredTasks]) -> str:
     if not unregistered:
         return "not registered here: none (every queued task's name is registered)"
     names = "; ".join(
-        f"{group.name} ({group.queued} queued, oldest {_human(group.oldest_age)} ago)"
+        f"{group.name} ({group.queued} queued, oldest {human_age(group.oldest_age)} ago)"
         for group in unregistered
     )
     return f"not registered here: {names}"
-
-
-def _human(age: timedelta) -> str:
-    return human_age(age)
 
 
 @cli.command("list")
@@ -582,7 +578,7 @@ def _human(age: timedelta) -> str:
 @_app_option
 @_url_option
 @click.pass_context
-def list_tasks(
+def list_command(
     ctx: click.Context,
     status_: str | None,
     queue_name: str | None,
@@ -605,13 +601,13 @@ def list_tasks(
         print_list(Console(), rows, utcnow())
 
 
-@cli.command()
+@cli.command("show")
 @click.argument("task_id", type=cli_params.TASK_ID)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object of every column, for scripts.")
 @_app_option
 @_url_option
 @click.pass_context
-def show(ctx: click.Context, task_id: int, as_json: bool, app: str | None, url: str | None) -> None:
+def show_command(ctx: click.Context, task_id: int, as_json: bool, app: str | None, url: str | None) -> None:
     """Everything about task TASK_ID: params, attempts, lease, times, result and the last error in full."""
     with for_people(ctx, url):
         target = _target(ctx, app, url)

@@ -7,6 +7,7 @@ column, with times as ISO 8601 in UTC.
 
 from __future__ import annotations
 
+import enum
 import json
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
@@ -53,7 +54,7 @@ def json_value(value: Any) -> Any:
         return value.isoformat()
     if isinstance(value, Undecodable):
         return value.text
-    if hasattr(value, "value") and isinstance(value.value, str):  # TaskStatus and other enums
+    if isinstance(value, enum.Enum):  # TaskStatus
         return value.value
     return value
 
