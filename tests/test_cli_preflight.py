@@ -5,6 +5,7 @@ its version, and the help of every worker option.
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import click
@@ -17,6 +18,8 @@ from sa_taskqueue.cli import cli, worker
 from tests.backends import Backend
 
 pytestmark = pytest.mark.backends("sqlite")  # nothing here needs a database server
+
+APP_MODULE = "tests.cli_own_table_app"
 
 
 def invoke(*args: str) -> click.testing.Result:
@@ -45,18 +48,24 @@ def test_a_missing_sqlite_file_is_named_and_not_created(
     assert list(tmp_path.iterdir()) == [], "no empty database file is left behind"
 
 
+@pytest.fixture
+def app_imported_afresh() -> Iterator[None]:
+    """The test app reads its URL when first imported: import it afresh here, and forget it after."""
+    sys.modules.pop(APP_MODULE, None)
+    yield
+    sys.modules.pop(APP_MODULE, None)
+
+
+@pytest.mark.usefixtures("app_imported_afresh")
 def test_a_missing_sqlite_file_of_an_app_is_named_too(
     backend: Backend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     missing = tmp_path / "app.db"
     monkeypatch.setenv("SA_TASKQUEUE_DATABASE_URL", f"sqlite:///{missing}")
-    # The app module reads its URL when first imported: import it afresh.
-    monkeypatch.delitem(sys.modules, "tests.cli_own_table_app", raising=False)
-    result = CliRunner().invoke(cli, ["list", "--app", "tests.cli_own_table_app:queue"])
+    result = CliRunner().invoke(cli, ["list", "--app", f"{APP_MODULE}:queue"])
     assert result.exit_code == 1, result.output
     assert result.stderr.strip() == f"error: no SQLite database at {missing}"
     assert not missing.exists()
-    monkeypatch.delitem(sys.modules, "tests.cli_own_table_app", raising=False)
 
 
 def test_migrate_still_creates_the_sqlite_file(backend: Backend, tmp_path: Path) -> None:
@@ -100,6 +109,21 @@ def test_a_missing_driver_names_the_extra_that_installs_it(
         result.stderr
     )
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.usefixtures("app_imported_afresh")
+def test_an_app_whose_driver_is_missing_names_the_extra(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The application builds its engine when imported: the import is what fails.
+    monkeypatch.setitem(sys.modules, "oracledb", None)
+    monkeypatch.setenv("SA_TASKQUEUE_DATABASE_URL", "oracle+oracledb://scott@db.example/ORCL")
+    result = CliRunner().invoke(cli, ["list", "--app", f"{APP_MODULE}:queue"])
+    assert result.exit_code == 1, result.output
+    assert result.stderr.strip() == (
+        f"error: cannot import '{APP_MODULE}': a database driver is missing (oracledb): "
+        "pip install 'sa_taskqueue[oracle]'"
+    )
 
 
 def test_version_prints_the_package_version(backend: Backend) -> None:
