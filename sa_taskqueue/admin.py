@@ -7,13 +7,26 @@ that clearing millions of finished rows never holds a long lock.
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import Connection, Engine, Table, delete, func, select, update
+from sqlalchemy import (
+    Connection,
+    CursorResult,
+    Engine,
+    Select,
+    Table,
+    delete,
+    func,
+    insert,
+    select,
+    type_coerce,
+    update,
+)
 from sqlalchemy.orm import Session
 
 from sa_taskqueue import validation
@@ -22,7 +35,7 @@ from sa_taskqueue.exceptions import translate_database_errors
 from sa_taskqueue.limits import ColumnLimits
 from sa_taskqueue.model import Task, TaskMixin, TaskStatus, has_status
 from sa_taskqueue.notify import notify_enqueued
-from sa_taskqueue.types import utcnow
+from sa_taskqueue.types import LongText, utcnow
 
 
 @dataclass(frozen=True)
@@ -53,14 +66,16 @@ class StatusReport:
 class Admin:
     """Row-level operations on one task table."""
 
-    def __init__(self, engine: Engine, model: type[TaskMixin] = Task) -> None:
+    def __init__(self, engine: Engine, model: type[TaskMixin] | Table = Task) -> None:
+        """``model`` is the mapped task class, or its table (what a queue's command line has)."""
         self.engine = engine
         self.model = model
         # The connection settings a queue's engine gets (SQLite's busy
         # timeout): a command run beside a writing application waits for it.
         backend_for(engine.dialect).configure_engine(engine)
-        table = getattr(model, "__table__", None)
-        assert isinstance(table, Table)
+        table = model if isinstance(model, Table) else getattr(model, "__table__", None)
+        if not isinstance(table, Table):
+            raise TypeError(f"model must be a mapped TaskMixin class or its table, got {model!r}")
         self.table: Table = table
 
     def enqueue(
@@ -72,18 +87,28 @@ class Admin:
         priority: int = 0,
         max_attempts: int = 3,
         delay: timedelta | None = None,
+        run_at: datetime | None = None,
     ) -> int:
         """Insert one task by name (no registration is checked here: workers check it)."""
         values = self.task_values(
-            name, params, queue=queue, priority=priority, max_attempts=max_attempts, delay=delay
+            name,
+            params,
+            queue=queue,
+            priority=priority,
+            max_attempts=max_attempts,
+            delay=delay,
+            run_at=run_at,
         )
         with translate_database_errors(self.engine, self.table), Session(self.engine) as session:
-            task = self.model(**values)
-            session.add(task)
-            session.flush()
+            # A Core insert: the table is all a command line that loaded no
+            # mapped class has.
+            inserted = cast("CursorResult[Any]", session.execute(insert(self.table).values(values)))
+            key = inserted.inserted_primary_key
+            assert key is not None, "an INSERT of one row returns its primary key"
+            task_id = key[0]
             notify_enqueued(session, self.table, [queue])
             session.commit()
-            return task.id
+            return int(task_id)
 
     def task_values(
         self,
@@ -94,16 +119,24 @@ class Admin:
         priority: int = 0,
         max_attempts: int = 3,
         delay: timedelta | None = None,
+        run_at: datetime | None = None,
     ) -> dict[str, Any]:
-        """The checked column values of the task `enqueue` inserts; nothing touches the database."""
+        """The checked column values of the task `enqueue` inserts; nothing touches the database.
+
+        It runs no sooner than ``run_at`` (an aware datetime) or ``delay`` from now; not both.
+        """
         now = utcnow()
+        if delay is not None and run_at is not None:
+            raise ValueError("give a delay or a run_at, not both")
+        if delay:
+            run_at = validation.run_at_after(now, delay)
         return validation.task_values(
             name,
             params,
             queue=queue,
             priority=priority,
             max_attempts=max_attempts,
-            run_at=validation.run_at_after(now, delay) if delay else None,
+            run_at=run_at,
             now=now,
             limits=ColumnLimits.of(self.table),
         )
@@ -216,3 +249,79 @@ def cancel_queued(conn: Connection, table: Table, task_id: int, now: datetime) -
         .values(status=TaskStatus.CANCELLED, finished_at=now)
     )
     return result.rowcount == 1
+
+
+# Reading tasks: ``sa-taskqueue list`` and ``show`` ----------------------------------
+
+#: The most rows ``list_tasks`` returns at once.
+LIST_LIMIT_MAX = 10_000
+#: The columns a JSON document is stored in: read raw, then decoded here (see `_decoded`).
+_JSON_COLUMNS = ("params", "result")
+
+
+@dataclass(frozen=True)
+class Undecodable:
+    """A JSON column whose stored text is not JSON (a row written around the queue): the text as stored."""
+
+    text: str
+
+
+def list_tasks(
+    engine: Engine,
+    table: Table,
+    /,
+    *,
+    status: str | None = None,
+    queue: str | None = None,
+    name: str | None = None,
+    limit: int = 50,
+) -> list[dict[str, Any]]:
+    """The newest tasks first (by id), filtered by status, queue and name; each row as column -> value.
+
+    Every column of ``table`` is read, an application's own extra columns too.
+    """
+    if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= LIST_LIMIT_MAX:
+        raise ValueError(f"limit must be between 1 and {LIST_LIMIT_MAX}, got {limit!r}")
+    query = _rows(table)
+    if status is not None:
+        query = query.where(has_status(table, TaskStatus(status)))
+    if queue is not None:
+        query = query.where(table.c.queue == queue)
+    if name is not None:
+        query = query.where(table.c.name == name)
+    query = query.order_by(table.c.id.desc()).limit(limit)
+    with translate_database_errors(engine, table), engine.connect() as conn:
+        return [_decoded(row._asdict()) for row in conn.execute(query)]
+
+
+def get_task(engine: Engine, table: Table, /, task_id: int) -> dict[str, Any] | None:
+    """Every column of task ``task_id`` (column -> value), or None when there is no such task."""
+    validation.check_task_id(task_id)
+    with translate_database_errors(engine, table), engine.connect() as conn:
+        row = conn.execute(_rows(table).where(table.c.id == task_id)).one_or_none()
+    return None if row is None else _decoded(row._asdict())
+
+
+def _rows(table: Table) -> Select[Any]:
+    # The JSON columns are read as the database returns them and decoded in
+    # `_decoded`: a row whose params are not JSON (written around the queue)
+    # is shown as stored instead of failing the whole read.
+    return select(
+        *(
+            type_coerce(column, LongText()).label(column.name) if column.name in _JSON_COLUMNS else column
+            for column in table.c
+        )
+    )
+
+
+def _decoded(row: dict[str, Any]) -> dict[str, Any]:
+    for column in _JSON_COLUMNS:
+        value = row.get(column)
+        if isinstance(value, (str, bytes)):
+            try:
+                row[column] = json.loads(value)
+            except ValueError:
+                row[column] = Undecodable(
+                    value.decode(errors="replace") if isinstance(value, bytes) else value
+                )
+    return row

@@ -15,8 +15,9 @@ import sys
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import timedelta
-from typing import Any
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import click
 import sqlalchemy as sa
@@ -25,9 +26,11 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table as RichTable
 
-from sa_taskqueue import cli_params
-from sa_taskqueue.admin import Admin, UnregisteredTasks
+from sa_taskqueue import __version__, admin, cli_params
+from sa_taskqueue.admin import Admin, StatusReport, UnregisteredTasks
 from sa_taskqueue.backends import backend_for
+from sa_taskqueue.cli_preflight import driver_hint, is_driver, missing_sqlite_file
+from sa_taskqueue.cli_render import human_age, print_list, print_task, row_json, rows_json
 from sa_taskqueue.demo import DEFAULT_URL, run_demo
 from sa_taskqueue.exceptions import (
     DatabaseBusy,
@@ -36,10 +39,16 @@ from sa_taskqueue.exceptions import (
     SchemaMissing,
     TaskQueueError,
 )
+from sa_taskqueue.log_fields import TASK_LOG_FIELDS
+from sa_taskqueue.model import TaskStatus
 from sa_taskqueue.queue import TaskQueue
 from sa_taskqueue.redaction import Redactor, has_unescaped_at
+from sa_taskqueue.types import utcnow
 
 URL_ENV = "SA_TASKQUEUE_DATABASE_URL"
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 logger = logging.getLogger("sa_taskqueue")
 
@@ -56,6 +65,7 @@ class Failure(click.ClickException):
 
 
 @click.group()
+@click.version_option(__version__, "--version", prog_name="sa-taskqueue", message="%(prog)s %(version)s")
 @click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line errors.")
 @click.pass_context
 def cli(ctx: click.Context, debug: bool) -> None:
@@ -103,8 +113,7 @@ def for_people(ctx: click.Context, url: str | sa.URL | None = None) -> Iterator[
         raise Failure(f"unknown database dialect in {_safe(url or '')}: {error}") from error
     except ModuleNotFoundError as error:
         raise Failure(
-            f"a database driver is missing ({error.name}): install it, e.g. "
-            "pip install 'sa_taskqueue[postgresql]'"
+            f"a database driver is missing ({error.name}): {driver_hint(error.name, url)}"
         ) from error
     except (sa.exc.OperationalError, sa.exc.InterfaceError) as error:
         busy = _busy(error, url)
@@ -178,6 +187,12 @@ def load_queue(spec: str) -> TaskQueue:
     try:
         target: Any = importlib.import_module(module_name)
     except ImportError as error:
+        if isinstance(error, ModuleNotFoundError) and is_driver(error.name):
+            # The application builds its engine at import: its driver is what is missing.
+            raise Failure(
+                f"cannot import {module_name!r}: a database driver is missing ({error.name}): "
+                f"{driver_hint(error.name, None)}"
+            ) from error
         raise Failure(f"cannot import {module_name!r}: {error}") from error
     except Exception as error:
         raise Failure(f"importing {module_name!r} failed: {type(error).__name__}: {error}") from error
@@ -203,15 +218,22 @@ class RedactingFormatter(logging.Formatter):
 
 
 class JSONFormatter(logging.Formatter):
-    """One JSON object per line, for log shippers."""
+    """One JSON object per line, for log shippers: time (ISO 8601, UTC), level, logger, message, and
+    the task's fields where the line is about one (task_id, task_name, queue, attempt, duration_ms,
+    worker_id, error)."""
 
     def format(self, record: logging.LogRecord) -> str:
-        entry = {
-            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S%z"),
+        entry: dict[str, Any] = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname.lower(),
             "logger": record.name,
             "message": record.getMessage(),
         }
+        # The fields the worker attaches to its lines about a task (sa_taskqueue.log_fields).
+        for key in TASK_LOG_FIELDS:
+            value = record.__dict__.get(key)
+            if value is not None:
+                entry[key] = value
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         return json.dumps(entry)
@@ -235,12 +257,42 @@ def configure_logging(log_format: str, level: str) -> None:
     "--concurrency", default=1, show_default=True, type=cli_params.CONCURRENCY, help="Tasks at once."
 )
 @click.option("--queues", default=None, help="Comma-separated queues to serve (default: all).")
-@click.option("--isolation", type=click.Choice(["thread", "process"]), default="thread", show_default=True)
+@click.option(
+    "--isolation",
+    type=click.Choice(["thread", "process"]),
+    default="thread",
+    show_default=True,
+    help="Run each task in a thread, or in a child process of its own (a crash fails that task alone).",
+)
 @click.option("--burst", is_flag=True, help="Exit once nothing is due.")
-@click.option("--poll-interval", default=1.0, show_default=True, type=cli_params.POLL_INTERVAL)
-@click.option("--shutdown-timeout", default=30.0, show_default=True, type=cli_params.SHUTDOWN_TIMEOUT)
-@click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True)
-@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info")
+@click.option(
+    "--poll-interval",
+    default=1.0,
+    show_default=True,
+    type=cli_params.POLL_INTERVAL,
+    help="The longest wait in seconds between polls while idle.",
+)
+@click.option(
+    "--shutdown-timeout",
+    default=30.0,
+    show_default=True,
+    type=cli_params.SHUTDOWN_TIMEOUT,
+    help="Seconds running tasks get to finish after SIGTERM before they are given back.",
+)
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="Log lines as text, or as one JSON object each with the task's fields (task_id, duration_ms, ...).",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    default="info",
+    show_default=True,
+    help="The least severe log lines written.",
+)
 @click.pass_context
 def worker(
     ctx: click.Context,
@@ -254,7 +306,13 @@ def worker(
     log_format: str,
     log_level: str,
 ) -> None:
-    """Run a worker for the TaskQueue object APP (MODULE:QUEUE_OBJECT)."""
+    """Run a worker for the TaskQueue object APP (MODULE:QUEUE_OBJECT).
+
+    APP is imported like `uvicorn app:app` imports an application, from the
+    current directory: for example myapp.tasks:queue.  The worker runs the
+    tasks APP registers, on APP's table and database, until SIGTERM or
+    SIGINT (or, with --burst, until nothing is due).
+    """
     configure_logging(log_format, log_level)
     with for_people(ctx):
         queue = load_queue(app)
@@ -293,75 +351,183 @@ def migrate(ctx: click.Context, url: str | None, revision: str) -> None:
     click.echo(f"migrated {_safe(checked)} to {revision}")
 
 
-# enqueue, status, retry, cancel, purge ---------------------------------------------
+# The queue an admin command acts on ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Target:
+    """What an admin command works on: a queue (its table, its engine) and the application, if loaded."""
+
+    queue: TaskQueue
+    #: The queue ``--app`` loaded, whose registrations give defaults and names; None with --url alone.
+    app: TaskQueue | None
+    url: sa.URL
+
+
+def _on_queue(
+    queue: TaskQueue,
+    fn: Callable[Concatenate[sa.Engine, sa.Table, P], R],
+    /,
+    *args: P.args,
+    **kwargs: P.kwargs,
+) -> R:
+    """``fn(engine, table, ...)`` on ``queue``'s database and table: the one way a command reaches them.
+
+    Every database call of the admin commands goes through here, so how a
+    queue's engine is driven is decided in this one place.
+    """
+    return fn(queue.engine, queue.table, *args, **kwargs)
+
+
+def _database_url(queue: TaskQueue) -> sa.URL:
+    """The URL of ``queue``'s database, for messages and for the checks made before connecting."""
+    return queue.engine.url
+
+
+def _target(ctx: click.Context, app: str | None, url: str | None) -> Target:
+    """The queue ``--app`` names (its table, on its database) or the library's own table at ``--url``.
+
+    With both, ``--url`` given on the command line (not from the environment)
+    points APP's table at another database: a replica, a staging copy.
+    """
+    url_given = ctx.get_parameter_source("url") is click.core.ParameterSource.COMMANDLINE
+    if app is None:
+        queue = TaskQueue(_engine(url))
+        loaded = None
+    else:
+        loaded = load_queue(app)
+        queue = TaskQueue(_engine(url), model=loaded.model) if url_given else loaded
+    where = _database_url(queue)
+    missing = missing_sqlite_file(where)
+    if missing is not None:
+        # The driver would create an empty file there; only `migrate` should.
+        raise Failure(f"no SQLite database at {missing}")
+    return Target(queue, loaded, where)
+
+
+def _app_option(func: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--app",
+        metavar="MODULE:QUEUE",
+        default=None,
+        help="Act on this TaskQueue's table and database (what `worker APP` loads) instead of --url's "
+        "sa_taskqueue_task.",
+    )(func)
+
+
+# enqueue, status, list, show, retry, cancel, purge -------------------------------
+
+_DEFAULTS = "the task's own with --app, else"
 
 
 @cli.command()
 @click.argument("name")
-@click.option("--params", "params_json", default="{}", show_default=True, help="Parameters as a JSON object.")
-@click.option("--queue", "queue_name", default="default", show_default=True)
-@click.option("--priority", default=0, show_default=True, type=cli_params.COLUMN_INT)
-@click.option("--max-attempts", default=3, show_default=True, type=cli_params.ATTEMPTS)
+@click.option(
+    "--params",
+    type=cli_params.JSON_OBJECT,
+    default="{}",
+    show_default=True,
+    help="Parameters as a JSON object; @FILE reads it from a file, - from stdin.",
+)
+@click.option("--queue", "queue_name", default=None, show_default=f"{_DEFAULTS} default", help="Queue.")
+@click.option(
+    "--priority", default=None, show_default=f"{_DEFAULTS} 0", type=cli_params.COLUMN_INT, help="Priority."
+)
+@click.option(
+    "--max-attempts",
+    default=None,
+    show_default=f"{_DEFAULTS} 3",
+    type=cli_params.ATTEMPTS,
+    help="Attempts before it fails for good.",
+)
 @click.option(
     "--delay", type=cli_params.DURATION, default=None, help="Run no sooner than this from now (10s, 5m, 2h)."
 )
+@click.option(
+    "--run-at",
+    type=cli_params.RUN_AT,
+    default=None,
+    help="Run no sooner than this ISO 8601 time, with its offset (2026-12-01T09:00:00Z).",
+)
+@_app_option
 @_url_option
 @click.pass_context
 def enqueue(
     ctx: click.Context,
     name: str,
-    params_json: str,
-    queue_name: str,
-    priority: int,
-    max_attempts: int,
+    params: dict[str, Any],
+    queue_name: str | None,
+    priority: int | None,
+    max_attempts: int | None,
     delay: timedelta | None,
+    run_at: datetime | None,
+    app: str | None,
     url: str | None,
 ) -> None:
-    """Enqueue a task called NAME (run by workers that registered it)."""
-    try:
-        params = json.loads(params_json)
-    except json.JSONDecodeError as error:
-        raise click.BadParameter(f"not JSON: {error}", param_hint="--params") from error
-    except RecursionError:
-        raise click.BadParameter("nested too deeply", param_hint="--params") from None
-    if not isinstance(params, dict):
-        raise click.BadParameter('must be a JSON object, like {"to": "a@example.com"}', param_hint="--params")
+    """Enqueue a task called NAME (run by workers that registered it).
+
+    With --app, a task APP registers gets its registration's queue, priority
+    and max attempts unless given here, and its params are checked against
+    the function.
+    """
+    if delay is not None and run_at is not None:
+        raise click.UsageError("give --delay or --run-at, not both")
     with for_people(ctx, url):
-        admin = Admin(_engine(url))
+        target = _target(ctx, app, url)
+    registered = target.app.registered(name) if target.app is not None else None
+    defaults = registered.options if registered is not None else None
+    values: dict[str, Any] = {
+        "queue": queue_name if queue_name is not None else (defaults.queue if defaults else "default"),
+        "priority": priority if priority is not None else (defaults.priority if defaults else 0),
+        "max_attempts": (
+            max_attempts if max_attempts is not None else (defaults.max_attempts if defaults else 3)
+        ),
+        "delay": delay,
+        "run_at": run_at,
+    }
+    if target.app is not None and registered is None:
+        click.echo(f"note: {app} registers no task {name!r}; its workers will leave it queued", err=True)
+    with for_people(ctx, target.url):
         try:
             # Every value is checked before anything reaches the database.
-            admin.task_values(
-                name, params, queue=queue_name, priority=priority, max_attempts=max_attempts, delay=delay
-            )
+            if registered is not None:
+                registered.check_params(params)
+            task_id = _on_queue(target.queue, _enqueue_row, name, params, **values)
         except (TypeError, ValueError) as error:
             raise Failure(str(error)) from error
-        task_id = admin.enqueue(
-            name, params, queue=queue_name, priority=priority, max_attempts=max_attempts, delay=delay
-        )
-    click.echo(f"enqueued task {task_id} ({name})")
+    click.echo(
+        f"enqueued task {task_id} ({name}) on queue {values['queue']}, "
+        f"priority {values['priority']}, max attempts {values['max_attempts']}"
+    )
+
+
+def _enqueue_row(
+    engine: sa.Engine, table: sa.Table, /, name: str, params: dict[str, Any], **values: Any
+) -> int:
+    return Admin(engine, table).enqueue(name, params, **values)
 
 
 @cli.command()
-@click.argument("app", required=False)
+@click.argument("app_argument", metavar="[APP]", required=False)
+@_app_option
 @_url_option
 @click.pass_context
-def status(ctx: click.Context, app: str | None, url: str | None) -> None:
+def status(ctx: click.Context, app_argument: str | None, app: str | None, url: str | None) -> None:
     """Counts per queue and status, the oldest due task's age, and expired leases.
 
-    Given the workers' APP (MODULE:QUEUE_OBJECT), also the queued tasks whose
-    name APP does not register, which its workers leave queued; the database
-    is then APP's, unless --url is given on the command line.
+    Given the workers' APP (MODULE:QUEUE_OBJECT, as an argument or --app),
+    also the queued tasks whose name APP does not register, which its workers
+    leave queued; the table and database are then APP's, unless --url is
+    given on the command line.
     """
+    if app_argument is not None and app is not None:
+        raise click.UsageError("give APP or --app, not both")
+    app = app if app is not None else app_argument
     with for_people(ctx, url):
-        if app is None:
-            admin, registered = Admin(_engine(url)), None
-        else:
-            queue = load_queue(app)
-            url_given = ctx.get_parameter_source("url") is click.core.ParameterSource.COMMANDLINE
-            engine = _engine(url) if url_given else queue.engine
-            admin, registered = Admin(engine, queue.model), queue.task_names
-    with for_people(ctx, admin.engine.url):
-        report = admin.status(registered=registered)
+        target = _target(ctx, app, url)
+    registered = target.app.task_names if target.app is not None else None
+    with for_people(ctx, target.url):
+        report = _on_queue(target.queue, _status_report, registered)
     console = Console()
     table = RichTable(title="tasks")
     statuses = ["queued", "running", "completed", "failed", "cancelled"]
@@ -376,7 +542,7 @@ def status(ctx: click.Context, app: str | None, url: str | None) -> None:
     if report.oldest_due_age is None:
         console.print("oldest due task: none waiting")
     else:
-        console.print(f"oldest due task: waiting {_human(report.oldest_due_age)}")
+        console.print(f"oldest due task: waiting {human_age(report.oldest_due_age)}")
     if report.expired_leases:
         ids = ", ".join(str(task_id) for task_id in report.expired_leases[:20])
         console.print(f"running with an expired lease (worker gone?): {len(report.expired_leases)}: {ids}")
@@ -386,52 +552,118 @@ def status(ctx: click.Context, app: str | None, url: str | None) -> None:
         console.print(unregistered_line(report.unregistered), markup=False, soft_wrap=True)
 
 
+def _status_report(engine: sa.Engine, table: sa.Table, /, registered: list[str] | None) -> StatusReport:
+    return Admin(engine, table).status(registered=registered)
+
+
 def unregistered_line(unregistered: list[UnregisteredTasks]) -> str:
     """Queued tasks whose name the loaded application does not register, by name."""
     if not unregistered:
         return "not registered here: none (every queued task's name is registered)"
     names = "; ".join(
-        f"{group.name} ({group.queued} queued, oldest {_human(group.oldest_age)} ago)"
+        f"{group.name} ({group.queued} queued, oldest {human_age(group.oldest_age)} ago)"
         for group in unregistered
     )
     return f"not registered here: {names}"
 
 
-def _human(age: timedelta) -> str:
-    seconds = age.total_seconds()
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.1f}{unit}"
-    return f"{seconds:.1f}s"
+@cli.command("list")
+@click.option(
+    "--status", "status_", type=click.Choice([s.value for s in TaskStatus]), help="Only this status."
+)
+@click.option("--queue", "queue_name", default=None, help="Only this queue.")
+@click.option("--name", default=None, help="Only tasks of this name.")
+@click.option("--limit", default=50, show_default=True, type=cli_params.LIST_LIMIT, help="At most this many.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON array of every column, for scripts.")
+@_app_option
+@_url_option
+@click.pass_context
+def list_command(
+    ctx: click.Context,
+    status_: str | None,
+    queue_name: str | None,
+    name: str | None,
+    limit: int,
+    as_json: bool,
+    app: str | None,
+    url: str | None,
+) -> None:
+    """The newest tasks first: id, name, queue, status, attempts, run_at, age and worker."""
+    with for_people(ctx, url):
+        target = _target(ctx, app, url)
+    with for_people(ctx, target.url):
+        rows = _on_queue(
+            target.queue, admin.list_tasks, status=status_, queue=queue_name, name=name, limit=limit
+        )
+    if as_json:
+        click.echo(rows_json(rows))
+    else:
+        print_list(Console(), rows, utcnow())
+
+
+@cli.command("show")
+@click.argument("task_id", type=cli_params.TASK_ID)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object of every column, for scripts.")
+@_app_option
+@_url_option
+@click.pass_context
+def show_command(ctx: click.Context, task_id: int, as_json: bool, app: str | None, url: str | None) -> None:
+    """Everything about task TASK_ID: params, attempts, lease, times, result and the last error in full."""
+    with for_people(ctx, url):
+        target = _target(ctx, app, url)
+    with for_people(ctx, target.url):
+        row = _on_queue(target.queue, admin.get_task, task_id)
+    if row is None:
+        raise Failure(f"no task {task_id} in {target.queue.table.name}")
+    if as_json:
+        click.echo(row_json(row))
+    else:
+        print_task(Console(), row)
 
 
 @cli.command()
 @click.argument("task_id", type=cli_params.TASK_ID, required=False)
 @click.option("--all-failed", is_flag=True, help="Retry every failed task.")
+@_app_option
 @_url_option
 @click.pass_context
-def retry(ctx: click.Context, task_id: int | None, all_failed: bool, url: str | None) -> None:
+def retry(
+    ctx: click.Context, task_id: int | None, all_failed: bool, app: str | None, url: str | None
+) -> None:
     """Queue a failed or cancelled task (or --all-failed) to run again now."""
     if (task_id is None) == (not all_failed):
         raise click.UsageError("give a TASK_ID or --all-failed (one of them)")
     with for_people(ctx, url):
-        count = Admin(_engine(url)).retry(task_id)
+        target = _target(ctx, app, url)
+    with for_people(ctx, target.url):
+        count = _on_queue(target.queue, _retry, task_id)
     if task_id is not None and count == 0:
         raise Failure(f"task {task_id} is not failed or cancelled (or does not exist)")
     click.echo(f"queued {count} task(s) to run again")
 
 
+def _retry(engine: sa.Engine, table: sa.Table, /, task_id: int | None) -> int:
+    return Admin(engine, table).retry(task_id)
+
+
 @cli.command()
 @click.argument("task_id", type=cli_params.TASK_ID)
+@_app_option
 @_url_option
 @click.pass_context
-def cancel(ctx: click.Context, task_id: int, url: str | None) -> None:
+def cancel(ctx: click.Context, task_id: int, app: str | None, url: str | None) -> None:
     """Cancel a queued task so that it never runs."""
     with for_people(ctx, url):
-        cancelled = Admin(_engine(url)).cancel(task_id)
+        target = _target(ctx, app, url)
+    with for_people(ctx, target.url):
+        cancelled = _on_queue(target.queue, _cancel, task_id)
     if not cancelled:
         raise Failure(f"task {task_id} is not queued (or does not exist): nothing cancelled")
     click.echo(f"cancelled task {task_id}")
+
+
+def _cancel(engine: sa.Engine, table: sa.Table, /, task_id: int) -> bool:
+    return Admin(engine, table).cancel(task_id)
 
 
 @cli.command()
@@ -441,7 +673,10 @@ def cancel(ctx: click.Context, task_id: int, url: str | None) -> None:
 @click.option(
     "--older-than", type=cli_params.DURATION, required=True, help="Finished longer ago than this (7d, 12h)."
 )
-@click.option("--batch-size", default=1000, show_default=True, type=cli_params.BATCH_SIZE)
+@click.option(
+    "--batch-size", default=1000, show_default=True, type=cli_params.BATCH_SIZE, help="Rows per transaction."
+)
+@_app_option
 @_url_option
 @click.pass_context
 def purge(
@@ -451,6 +686,7 @@ def purge(
     cancelled: bool,
     older_than: timedelta,
     batch_size: int,
+    app: str | None,
     url: str | None,
 ) -> None:
     """Delete finished tasks in batches, each its own short transaction."""
@@ -462,8 +698,16 @@ def purge(
     if not statuses:
         raise click.UsageError("say which: --completed, --failed and/or --cancelled")
     with for_people(ctx, url):
-        deleted = Admin(_engine(url)).purge(statuses, older_than, batch_size)
+        target = _target(ctx, app, url)
+    with for_people(ctx, target.url):
+        deleted = _on_queue(target.queue, _purge, statuses, older_than, batch_size)
     click.echo(f"deleted {deleted} task(s)")
+
+
+def _purge(
+    engine: sa.Engine, table: sa.Table, /, statuses: list[str], older_than: timedelta, batch_size: int
+) -> int:
+    return Admin(engine, table).purge(statuses, older_than, batch_size)
 
 
 # demo -----------------------------------------------------------------------------

@@ -9,14 +9,19 @@ usage error (exit code 2) that names the option and the range allowed.
 
 from __future__ import annotations
 
+import json
 import math
 import re
-from datetime import timedelta
+import sys
+from datetime import datetime, timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
+from sa_taskqueue.admin import LIST_LIMIT_MAX
 from sa_taskqueue.model import ID_MAX, INTEGER_MAX, INTEGER_MIN
+from sa_taskqueue.validation import check_run_at
 
 #: The longest ``--delay`` and ``--older-than``: a century, far inside every
 #: database's datetime range (and Python's, which ends in 9999).
@@ -28,8 +33,10 @@ if TYPE_CHECKING:  # click is generic in its value type from 8.2 on, and not sub
     _IntParam = click.ParamType[int]
     _FloatParam = click.ParamType[float]
     _DurationParam = click.ParamType[timedelta]
+    _ObjectParam = click.ParamType[dict[str, Any]]
+    _DatetimeParam = click.ParamType[datetime]
 else:
-    _IntParam = _FloatParam = _DurationParam = click.ParamType
+    _IntParam = _FloatParam = _DurationParam = _ObjectParam = _DatetimeParam = click.ParamType
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 _DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*")
@@ -113,6 +120,75 @@ class Duration(_DurationParam):
         return f"between 0s and {self.longest.days}d"
 
 
+class JSONObject(_ObjectParam):
+    """A JSON object: written out, read from a file (``@params.json``) or from stdin (``-``).
+
+    Long or generated params are easier kept in a file or piped in than
+    quoted for a shell.  A problem names where the text came from.
+    """
+
+    name = "json"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> dict[str, Any]:
+        if isinstance(value, dict):
+            return value
+        text, source = self._read(str(value), param, ctx)
+        try:
+            document = json.loads(text)
+        except json.JSONDecodeError as error:
+            self.fail(f"{source} is not JSON: {error}", param, ctx)
+        except RecursionError:
+            self.fail(f"{source} is nested too deeply", param, ctx)
+        if not isinstance(document, dict):
+            self.fail(
+                f'{source} must be a JSON object, like {{"to": "a@example.com"}}, '
+                f"not a JSON {type(document).__name__}",
+                param,
+                ctx,
+            )
+        return document
+
+    def _read(self, value: str, param: click.Parameter | None, ctx: click.Context | None) -> tuple[str, str]:
+        """The text to parse, and how to name where it came from."""
+        if value == "-":
+            return sys.stdin.read(), "stdin"
+        if value.startswith("@"):
+            path = Path(value[1:])
+            try:
+                return path.read_text(encoding="utf-8"), f"the file {str(path)!r}"
+            except OSError as error:
+                self.fail(f"cannot read the file {str(path)!r}: {error.strerror or error}", param, ctx)
+            except UnicodeDecodeError as error:
+                self.fail(f"the file {str(path)!r} is not UTF-8 text: {error}", param, ctx)
+        return value, "the value"
+
+
+class AwareDatetime(_DatetimeParam):
+    """An ISO 8601 date and time with its UTC offset (``2026-12-01T09:00:00Z``, ``...+02:00``).
+
+    A time without an offset is refused rather than guessed: the machine's
+    zone and UTC differ by hours, and a task run hours off is a quiet bug.
+    """
+
+    name = "datetime"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> datetime:
+        if isinstance(value, datetime):
+            moment = value
+        else:
+            try:
+                moment = datetime.fromisoformat(str(value).strip())
+            except ValueError:
+                self.fail(f"{value!r} is not an ISO 8601 date and time like 2026-12-01T09:00:00Z", param, ctx)
+        if moment.utcoffset() is None:
+            self.fail(f"{value!r} has no UTC offset: add Z (UTC) or one like +02:00", param, ctx)
+        try:
+            check_run_at(moment)
+        except (TypeError, ValueError) as error:
+            self.fail(str(error), param, ctx)
+        return moment
+
+
 #: A value of a 32-bit INTEGER column (``priority``).
 COLUMN_INT = BoundedInt(INTEGER_MIN, INTEGER_MAX)
 #: ``--max-attempts``: at least one attempt, at most what its column holds.
@@ -132,6 +208,12 @@ POLL_INTERVAL = BoundedFloat(0.001, MAX_WAIT_SECONDS)
 #: ``--shutdown-timeout``: how long running tasks get after SIGTERM.
 SHUTDOWN_TIMEOUT = BoundedFloat(0.0, MAX_WAIT_SECONDS)
 DURATION = Duration()
+#: ``list --limit``: rows shown at once.
+LIST_LIMIT = BoundedInt(1, LIST_LIMIT_MAX)
+#: ``enqueue --params``.
+JSON_OBJECT = JSONObject()
+#: ``enqueue --run-at``.
+RUN_AT = AwareDatetime()
 
 __all__ = [
     "ATTEMPTS",
@@ -141,12 +223,17 @@ __all__ = [
     "DEMO_TASKS",
     "DEMO_WORKERS",
     "DURATION",
+    "JSON_OBJECT",
+    "LIST_LIMIT",
     "MAX_DURATION",
     "MAX_WAIT_SECONDS",
     "POLL_INTERVAL",
+    "RUN_AT",
     "SHUTDOWN_TIMEOUT",
     "TASK_ID",
+    "AwareDatetime",
     "BoundedFloat",
     "BoundedInt",
     "Duration",
+    "JSONObject",
 ]

@@ -30,6 +30,7 @@ from sa_taskqueue.completions import Completions
 from sa_taskqueue.error_text import error_message
 from sa_taskqueue.exceptions import DatabaseError, DatabaseUnavailable, MalformedTask, TaskNotRegistered
 from sa_taskqueue.execution import ChildProcess, GivenBack, Outcome, run_in_thread
+from sa_taskqueue.log_fields import task_fields
 from sa_taskqueue.notify import Listener
 from sa_taskqueue.validation import is_storable
 from sa_taskqueue.watchdog import Watchdog, kill_at, register_child
@@ -316,14 +317,23 @@ class Worker:
         try:
             self._run_task(slot)
         except Exception as error:
-            logger.exception("task %d %s: the worker could not run it", *_ids(slot.task))
+            logger.exception(
+                "task %d %s: the worker could not run it",
+                *_ids(slot.task),
+                extra=task_fields(slot.task, self.worker_id, error=error_message(error)),
+            )
             self._finished(slot)
             self._record(slot.task, Outcome(error=error))
 
     def _run_task(self, slot: _Running) -> None:
         task = slot.task
         registered = self.queue.registered(task.name)
-        logger.info("task %d %s attempt %d started", *_ids(task), task.attempts)
+        logger.info(
+            "task %d %s attempt %d started",
+            *_ids(task),
+            task.attempts,
+            extra=task_fields(task, self.worker_id),
+        )
         self._hook(self.on_start, task)
         if time.monotonic() >= kill_at(slot.renewed_at, self.queue.lease.total_seconds()):
             # Claimed, but not started before its lease could end (the process
@@ -356,7 +366,13 @@ class Worker:
         if outcome.error is None:
             with self._lock:
                 self.processed += 1
-            logger.info("task %d %s attempt %d done in %.3fs", *_ids(task), task.attempts, duration)
+            logger.info(
+                "task %d %s attempt %d done in %.3fs",
+                *_ids(task),
+                task.attempts,
+                duration,
+                extra=task_fields(task, self.worker_id, duration=duration),
+            )
             slot.completing = True
             try:
                 self._complete(task, outcome)
@@ -373,6 +389,9 @@ class Worker:
                 task.attempts,
                 duration,
                 error_message(outcome.error),
+                extra=task_fields(
+                    task, self.worker_id, duration=duration, error=error_message(outcome.error)
+                ),
             )
             self._record(task, outcome)
             self._hook(self.on_failure, task, outcome.error)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -167,6 +168,7 @@ def test_errors_are_one_line_for_people(
 @pytest.mark.backends("sqlite")  # no database server involved
 def test_a_missing_table_says_to_migrate(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/empty.db"
+    sqlite3.connect(tmp_path / "empty.db").close()  # a database without the table (no file: another error)
     for args in (
         ("status",),
         ("enqueue", "x"),

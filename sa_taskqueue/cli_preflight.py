@@ -1,0 +1,102 @@
+"""What the command line checks before a command reaches a database: the file is there, the driver is.
+
+Two mistakes a person makes at the command line fail confusingly further
+in: a mistyped SQLite path (the driver creates an empty file there, and the
+command then reports a missing table, leaving the stray file behind), and a
+database whose driver is not installed (Python names a module, not the
+package to install).  Each gets one line that says what to do.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import sqlalchemy as sa
+
+#: The package extra that installs each driver module, by the module Python failed to import.
+_EXTRA_OF_MODULE = {
+    "psycopg": "postgresql",
+    "psycopg_binary": "postgresql",
+    "pymysql": "mysql",
+    "oracledb": "oracle",
+    "asyncpg": "async",
+    "aiomysql": "async",
+    "asyncmy": "async",
+    "aiosqlite": "async",
+}
+
+#: SQLAlchemy's default driver for a URL that names none, which no extra
+#: installs: the extra installs another driver, named in the URL instead.
+_DEFAULT_DRIVERS = {
+    "psycopg2": ("postgresql", "postgresql+psycopg://"),
+    "MySQLdb": ("mysql", "mysql+pymysql://"),
+    "cx_Oracle": ("oracle", "oracle+oracledb://"),
+}
+
+
+def missing_sqlite_file(url: str | sa.URL) -> str | None:
+    """The path of the SQLite file ``url`` names when there is no such file, else None.
+
+    Only a file database is checked: ``:memory:``, an empty path (a
+    temporary database) and any other database answer None.
+    """
+    parsed = sa.make_url(url)
+    if parsed.drivername.partition("+")[0] != "sqlite":
+        return None
+    database = parsed.database or ""
+    if parsed.query.get("uri") in ("true", "1") or database.startswith("file:"):
+        # A URI filename: "file:path?mode=ro", where mode=memory has no file.
+        path, _, options = database.removeprefix("file:").partition("?")
+        if "mode=memory" in options:
+            return None
+        database = path
+    if database in ("", ":memory:"):
+        return None
+    return None if Path(database).exists() else database
+
+
+def driver_hint(module: str | None, url: str | sa.URL | None) -> str:
+    """What to install when the driver ``module`` (Python's ModuleNotFoundError.name) is missing."""
+    top = (module or "").split(".")[0]
+    if top in _DEFAULT_DRIVERS:
+        default_extra, scheme = _DEFAULT_DRIVERS[top]
+        return (
+            f"pip install 'sa_taskqueue[{default_extra}]' and write the URL as {scheme}... (or install {top})"
+        )
+    parsed = _parsed(url)
+    # An async driver's extra first: psycopg's async dialect needs psycopg
+    # too, but an async application wants everything async installed.
+    extra = (
+        ("async" if parsed is not None and _is_async(parsed) else None)
+        or _EXTRA_OF_MODULE.get(top)
+        or (_EXTRA_OF_BACKEND.get(parsed.drivername.partition("+")[0]) if parsed is not None else None)
+    )
+    if extra is None:
+        return f"install the package that provides {top or 'it'}"
+    return f"pip install 'sa_taskqueue[{extra}]'"
+
+
+_EXTRA_OF_BACKEND = {"postgresql": "postgresql", "mysql": "mysql", "mariadb": "mysql", "oracle": "oracle"}
+
+
+def _parsed(url: str | sa.URL | None) -> sa.URL | None:
+    if url is None:
+        return None
+    try:
+        return sa.make_url(url)
+    except sa.exc.ArgumentError:
+        return None
+
+
+def _is_async(url: sa.URL) -> bool:
+    driver = url.drivername.partition("+")[2]  # as written: naming no driver loads nothing
+    return driver.startswith(("async", "aio")) or driver.endswith("_async")
+
+
+def is_driver(module: str | None) -> bool:
+    """Whether ``module`` is a database driver an extra of this package installs."""
+    top = (module or "").split(".")[0]
+    return top in _EXTRA_OF_MODULE or top in _DEFAULT_DRIVERS
+
+
+__all__ = ["driver_hint", "is_driver", "missing_sqlite_file"]
