@@ -7,12 +7,13 @@ import os
 import secrets
 import socket
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast, overload
 
 from sqlalchemy import Engine, Table
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_scoped_session, async_sessionmaker
 from sqlalchemy.orm import Session, sessionmaker
 
 from sa_taskqueue import validation
@@ -22,6 +23,7 @@ from sa_taskqueue.bulk_insert import insert_rows
 from sa_taskqueue.claimed import ClaimedTask
 from sa_taskqueue.claimed_params import json_loads
 from sa_taskqueue.error_text import format_error
+from sa_taskqueue.event_loop_bridge import EventLoopBridge
 from sa_taskqueue.exceptions import translate_database_errors
 from sa_taskqueue.explain import explain
 from sa_taskqueue.limits import ColumnLimits
@@ -39,6 +41,8 @@ if TYPE_CHECKING:
 
 P = ParamSpec("P")
 R = TypeVar("R")
+T = TypeVar("T")
+
 
 logger = logging.getLogger("sa_taskqueue")
 
@@ -49,7 +53,12 @@ DEFAULT_MAX_RETRY_DELAY = timedelta(hours=1)
 class TaskQueue:
     """A task queue on one table of one database.
 
-    ``bind`` is an `Engine` or a `sessionmaker` bound to one.  The claim
+    ``bind`` is an `Engine` or a `sessionmaker` bound to one, or an
+    `AsyncEngine` or an `async_sessionmaker` bound to one.  With an async
+    engine, ``engine`` is its ``sync_engine``, and every database call of the
+    queue runs in a greenlet on the event loop that owns the engine's
+    connections (see `sa_taskqueue.event_loop_bridge`): the same strategies,
+    and the same thread-based `Worker`, serve both kinds.  The claim
     strategy is picked from the dialect and server version on first use,
     unless ``strategy`` names one (``"skip_locked"``, ``"conditional_update"``,
     ``"advisory_lock"``) or is a `ClaimStrategy` instance.  ``lease`` is how
@@ -65,7 +74,7 @@ class TaskQueue:
 
     def __init__(
         self,
-        bind: Engine | sessionmaker[Session],
+        bind: Engine | sessionmaker[Session] | AsyncEngine | async_sessionmaker[AsyncSession],
         *,
         model: type[TaskMixin] = Task,
         strategy: str | ClaimStrategy | None = None,
@@ -73,7 +82,9 @@ class TaskQueue:
         max_retry_delay: timedelta = DEFAULT_MAX_RETRY_DELAY,
         clock: Callable[[], datetime] = utcnow,
     ) -> None:
-        self.engine = _engine_of(bind)
+        self.engine, is_async = _engine_of(bind)
+        #: Where the database calls run: here for a sync engine, on the engine's loop for an async one.
+        self._bridge = EventLoopBridge(self.engine, is_async=is_async)
         self.model = model
         table = getattr(model, "__table__", None)
         if not isinstance(table, Table):
@@ -111,8 +122,13 @@ class TaskQueue:
         if self._strategy is None:
             with self._strategy_lock:
                 if self._strategy is None:
-                    self._strategy = self._resolve_strategy()
+                    self._strategy = self._bridge.call(self._resolve_strategy)
         return self._strategy
+
+    @property
+    def is_async(self) -> bool:
+        """Whether the queue was given an async engine (its database calls then run on that engine's loop)."""
+        return self._bridge.is_async
 
     def _resolve_strategy(self) -> ClaimStrategy:
         with self._database_errors():
@@ -190,6 +206,7 @@ class TaskQueue:
 
     # Enqueue ---------------------------------------------------------------
 
+    @overload
     def enqueue(
         self,
         session: Session,
@@ -200,13 +217,46 @@ class TaskQueue:
         priority: int | None = None,
         run_at: datetime | None = None,
         max_attempts: int | None = None,
-    ) -> TaskMixin:
+    ) -> TaskMixin: ...
+
+    @overload
+    def enqueue(
+        self,
+        session: AsyncSession | async_scoped_session[Any],
+        name: str,
+        params: dict[str, Any] | None = None,
+        *,
+        queue: str | None = None,
+        priority: int | None = None,
+        run_at: datetime | None = None,
+        max_attempts: int | None = None,
+    ) -> Coroutine[Any, Any, TaskMixin]: ...
+
+    def enqueue(
+        self,
+        session: Session | AsyncSession | async_scoped_session[Any],
+        name: str,
+        params: dict[str, Any] | None = None,
+        *,
+        queue: str | None = None,
+        priority: int | None = None,
+        run_at: datetime | None = None,
+        max_attempts: int | None = None,
+    ) -> TaskMixin | Coroutine[Any, Any, TaskMixin]:
         """Add a task to the caller's ``session`` and flush it; the caller commits.
 
         The task exists exactly when the caller's transaction commits.  Every
-        argument is checked before anything touches the database.
+        argument is checked before anything touches the database.  With an
+        `AsyncSession` (or an `async_scoped_session`) it returns a coroutine
+        to await (``task = await queue.enqueue(async_session, ...)``); the
+        checks have run, and raised, before it is returned.
         """
         values = self._task_values(name, params, queue, priority, run_at, max_attempts)
+        if isinstance(session, AsyncSession | async_scoped_session):
+            return _in_async_session(session, lambda sync_session: self._add(sync_session, values))
+        return self._add(session, values)
+
+    def _add(self, session: Session, values: dict[str, Any]) -> TaskMixin:
         # The mixin declares no constructor; the mapped subclass gets the declarative one.
         task = cast("Callable[..., TaskMixin]", self.model)(**values)
         session.add(task)
@@ -214,6 +264,7 @@ class TaskQueue:
         notify_enqueued(session, self.table, [task.queue])
         return task
 
+    @overload
     def enqueue_many(
         self,
         session: Session,
@@ -225,18 +276,51 @@ class TaskQueue:
         run_at: datetime | None = None,
         max_attempts: int | None = None,
         chunk_size: int = 1000,
-    ) -> list[int] | None:
+    ) -> list[int] | None: ...
+
+    @overload
+    def enqueue_many(
+        self,
+        session: AsyncSession | async_scoped_session[Any],
+        name: str,
+        params_list: Iterable[dict[str, Any] | None],
+        *,
+        queue: str | None = None,
+        priority: int | None = None,
+        run_at: datetime | None = None,
+        max_attempts: int | None = None,
+        chunk_size: int = 1000,
+    ) -> Coroutine[Any, Any, list[int] | None]: ...
+
+    def enqueue_many(
+        self,
+        session: Session | AsyncSession | async_scoped_session[Any],
+        name: str,
+        params_list: Iterable[dict[str, Any] | None],
+        *,
+        queue: str | None = None,
+        priority: int | None = None,
+        run_at: datetime | None = None,
+        max_attempts: int | None = None,
+        chunk_size: int = 1000,
+    ) -> list[int] | Coroutine[Any, Any, list[int] | None] | None:
         """Add one task per params dict in the caller's transaction; the caller commits.
 
         One multi-row INSERT per ``chunk_size`` tasks, without ORM objects.
         Every argument is checked before the first row is sent.  Returns the
         new ids in order, or None where the database cannot return them from
-        a multi-row INSERT (MySQL).
+        a multi-row INSERT (MySQL).  With an `AsyncSession` it returns a
+        coroutine to await, once every row has been checked.
         """
         validation.check_positive_int("chunk_size", chunk_size)
         rows = [
             self._task_values(name, params, queue, priority, run_at, max_attempts) for params in params_list
         ]
+        if isinstance(session, AsyncSession | async_scoped_session):
+            return _in_async_session(session, lambda sync: self._insert(sync, rows, chunk_size))
+        return self._insert(session, rows, chunk_size)
+
+    def _insert(self, session: Session, rows: list[dict[str, Any]], chunk_size: int) -> list[int] | None:
         if not rows:
             return []
         conn = session.connection()
@@ -333,7 +417,7 @@ class TaskQueue:
         self._recover_if_due(strategy)
         request = self._request(limit, queue_names, worker_id or self.default_worker_id(), task_names)
         with self._database_errors():
-            rows = strategy.claim(self.engine, self.table, request)
+            rows = self._bridge.call(lambda: strategy.claim(self.engine, self.table, request))
         loads = json_loads(self.engine.dialect)
         return sorted((ClaimedTask.from_row(row, loads) for row in rows), key=lambda t: t.sort_key)
 
@@ -346,7 +430,7 @@ class TaskQueue:
         request = self._request(limit, tuple(queues) if queues is not None else None, "explain")
         statement = self.strategy.finding_statement(self.engine.dialect, self.table, request)
         with self._database_errors():
-            return explain(self.engine, statement, request.params())
+            return self._bridge.call(lambda: explain(self.engine, statement, request.params()))
 
     def _request(
         self,
@@ -369,7 +453,8 @@ class TaskQueue:
         """Give back tasks whose worker is gone (lease expired, or advisory lock free); return how many."""
         strategy = self.strategy
         with self._database_errors():
-            recovered = strategy.recover(self.engine, self.table, self.clock())
+            now = self.clock()
+            recovered = self._bridge.call(lambda: strategy.recover(self.engine, self.table, now))
         if recovered:
             logger.warning("recovered %d task(s) from workers that are gone", recovered)
         return recovered
@@ -414,8 +499,11 @@ class TaskQueue:
         if not tasks:
             return set()
         now = self.clock()
+        strategy = self.strategy
         with self._database_errors():
-            return self.strategy.complete_many(self.engine, self.table, tasks, values, now)
+            return self._bridge.call(
+                lambda: strategy.complete_many(self.engine, self.table, tasks, values, now)
+            )
 
     def fail(self, claimed: ClaimedTask, error: BaseException | str, *, retry: bool = True) -> bool:
         """Record ``error``; retry later with backoff while attempts remain, else mark FAILED.
@@ -452,8 +540,9 @@ class TaskQueue:
         claim's identity, but for lease recovery, whose error text says so.
         """
         _check_claimed(claimed)
+        strategy = self.strategy
         with self._database_errors():
-            found = self.strategy.claim_outcome(self.engine, self.table, claimed)
+            found = self._bridge.call(lambda: strategy.claim_outcome(self.engine, self.table, claimed))
         if found is None:
             return False
         status, last_error = found
@@ -466,13 +555,17 @@ class TaskQueue:
         if not claimed:
             return set()
         now = self.clock()
+        strategy = self.strategy
         with self._database_errors():
-            return self.strategy.extend(self.engine, self.table, claimed, now + self.lease, now)
+            return self._bridge.call(
+                lambda: strategy.extend(self.engine, self.table, claimed, now + self.lease, now)
+            )
 
     def _finish(self, claimed: ClaimedTask, values: dict[str, Any], now: datetime) -> bool:
         _check_claimed(claimed)
+        strategy = self.strategy
         with self._database_errors():
-            return self.strategy.finish(self.engine, self.table, claimed, values, now)
+            return self._bridge.call(lambda: strategy.finish(self.engine, self.table, claimed, values, now))
 
     def retry_delay(self, claimed: ClaimedTask) -> timedelta:
         """``retry_delay * 2**(attempts-1)``, plus up to 25% jitter, capped at ``max_retry_delay``."""
@@ -482,8 +575,15 @@ class TaskQueue:
 
     def cancel(self, task_id: int) -> bool:
         """Cancel a queued task so that it is never claimed; False if it is not queued."""
-        with self._database_errors(), self.strategy.transaction(self.engine) as conn:
-            return cancel_queued(conn, self.table, task_id, self.clock())
+        strategy = self.strategy
+        now = self.clock()
+
+        def cancel() -> bool:
+            with strategy.transaction(self.engine) as conn:
+                return cancel_queued(conn, self.table, task_id, now)
+
+        with self._database_errors():
+            return self._bridge.call(cancel)
 
     # Worker ----------------------------------------------------------------
 
@@ -512,7 +612,7 @@ class TaskQueue:
     def close(self) -> None:
         """Release what the strategy holds: its kept connections and any advisory locks."""
         if self._strategy is not None:
-            self._strategy.close()
+            self._bridge.call(self._strategy.close)
 
     # Errors ----------------------------------------------------------------
 
@@ -520,15 +620,36 @@ class TaskQueue:
         return translate_database_errors(self.engine, self.table)
 
 
-def _engine_of(bind: Engine | sessionmaker[Session]) -> Engine:
+def _engine_of(bind: object) -> tuple[Engine, bool]:
+    """The synchronous engine the strategies run on, and whether it belongs to an `AsyncEngine`."""
     if isinstance(bind, Engine):
-        return bind
-    if isinstance(bind, sessionmaker):
+        return bind, False
+    if isinstance(bind, AsyncEngine):
+        return bind.sync_engine, True
+    if isinstance(bind, sessionmaker | async_sessionmaker):
         engine = bind.kw.get("bind")
         if isinstance(engine, Engine):
-            return engine
-        raise TypeError("the sessionmaker passed as bind is not bound to an Engine")
-    raise TypeError(f"bind must be an Engine or a sessionmaker, got {type(bind).__name__}")
+            return engine, False
+        if isinstance(engine, AsyncEngine):
+            return engine.sync_engine, True
+        raise TypeError(f"the {type(bind).__name__} passed as bind is not bound to an engine")
+    raise TypeError(
+        "bind must be an Engine, an AsyncEngine, or a sessionmaker or async_sessionmaker bound to one, "
+        f"got {type(bind).__name__}"
+    )
+
+
+async def _in_async_session(
+    session: AsyncSession | async_scoped_session[Any], work: Callable[[Session], T]
+) -> T:
+    """``work(sync_session)`` in the async session's greenlet, on the caller's loop and connection.
+
+    The same code as a sync enqueue, so a task added this way is checked,
+    flushed and announced (NOTIFY) exactly as one added with a `Session`.
+    """
+    # An async_scoped_session proxies to the AsyncSession of the current scope.
+    target = session() if isinstance(session, async_scoped_session) else session
+    return await target.run_sync(work)
 
 
 def _check_claimed(claimed: Any) -> None:

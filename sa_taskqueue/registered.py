@@ -5,12 +5,13 @@ from __future__ import annotations
 import functools
 import inspect
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
 if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncSession, async_scoped_session
     from sqlalchemy.orm import Session
 
     from sa_taskqueue.model import TaskMixin
@@ -56,9 +57,28 @@ class RegisteredTask(Generic[P, R]):
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         return self.func(*args, **kwargs)
 
-    def enqueue(self, session: Session, /, **params: Any) -> TaskMixin:
-        """Add a run of this task with ``params`` to ``session`` (flushed, not committed)."""
+    @overload
+    def enqueue(self, session: Session, /, **params: Any) -> TaskMixin: ...
+
+    @overload
+    def enqueue(
+        self, session: AsyncSession | async_scoped_session[Any], /, **params: Any
+    ) -> Coroutine[Any, Any, TaskMixin]: ...
+
+    def enqueue(
+        self, session: Session | AsyncSession | async_scoped_session[Any], /, **params: Any
+    ) -> TaskMixin | Coroutine[Any, Any, TaskMixin]:
+        """Add a run of this task with ``params`` to ``session`` (flushed, not committed).
+
+        With an `AsyncSession`, a coroutine to await; bad params raise here,
+        before it is returned.
+        """
         return self.queue.enqueue(session, self.name, params)
+
+    @property
+    def is_async(self) -> bool:
+        """Whether the function is an ``async def``: the worker runs it on an event loop."""
+        return inspect.iscoroutinefunction(self.func)
 
     def check_params(self, params: Mapping[str, Any]) -> None:
         """Params the function can be called with, as the worker will call it (``func(**params)``).
