@@ -39,9 +39,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import sys
 import threading
 import weakref
 from collections.abc import Callable, Coroutine, Iterator
+from types import ModuleType
 from typing import Any, TypeVar
 
 from sqlalchemy import Engine, event
@@ -52,6 +54,16 @@ T = TypeVar("T")
 
 #: Where a connection record keeps (a weak reference to) the loop that opened it.
 _OPENED_ON = "sa_taskqueue_opened_on_loop"
+
+
+def asyncio_extension() -> ModuleType | None:
+    """``sqlalchemy.ext.asyncio`` if something imported it, else None.
+
+    Without that module no `AsyncEngine` or `AsyncSession` can exist, so the
+    queue need not import it (it needs greenlet, an optional dependency) to
+    tell whether it was given one.
+    """
+    return sys.modules.get("sqlalchemy.ext.asyncio")
 
 
 class SyncCallOnEventLoop(RuntimeError):
@@ -163,8 +175,8 @@ class EventLoopBridge:
 
 
 
-class _LoopThread:
-    """An event loop running forever in a daemon thread of its own."""
+class LoopThread:
+    """An event loop running in a daemon thread of its own until stopped."""
 
     def __init__(self, name: str) -> None:
         self.loop = asyncio.new_event_loop()
@@ -188,11 +200,13 @@ class _LoopThread:
             return
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=5)
+        if not self._thread.is_alive():
+            self.loop.close()
 
 
 #: The loop each async engine's queue calls run on when no application loop is attached, in a
 #: daemon thread that ends when the engine is collected.
-_OWN_LOOPS: weakref.WeakKeyDictionary[Engine, _LoopThread] = weakref.WeakKeyDictionary()
+_OWN_LOOPS: weakref.WeakKeyDictionary[Engine, LoopThread] = weakref.WeakKeyDictionary()
 #: One queue call at a time on each loop (see the module's docstring).
 _SERIALISERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = weakref.WeakKeyDictionary()
 _OWN_LOOPS_MUTEX = threading.Lock()
@@ -202,7 +216,7 @@ def _own_loop(engine: Engine) -> asyncio.AbstractEventLoop:
     with _OWN_LOOPS_MUTEX:
         own = _OWN_LOOPS.get(engine)
         if own is None or not own.usable():
-            own = _OWN_LOOPS[engine] = _LoopThread("sa_taskqueue-loop")
+            own = _OWN_LOOPS[engine] = LoopThread("sa_taskqueue-loop")
             weakref.finalize(engine, own.stop)
         return own.loop
 
@@ -243,4 +257,4 @@ def _same_loop_only(
     raise DisconnectionError("the pooled connection was opened on another event loop")
 
 
-__all__ = ["EventLoopBridge", "SyncCallOnEventLoop"]
+__all__ = ["EventLoopBridge", "LoopThread", "SyncCallOnEventLoop", "asyncio_extension"]

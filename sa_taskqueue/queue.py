@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 import secrets
@@ -10,10 +12,9 @@ import threading
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeGuard, TypeVar, cast, overload
 
 from sqlalchemy import Engine, Table
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_scoped_session, async_sessionmaker
 from sqlalchemy.orm import Session, sessionmaker
 
 from sa_taskqueue import validation
@@ -23,7 +24,7 @@ from sa_taskqueue.bulk_insert import insert_rows
 from sa_taskqueue.claimed import ClaimedTask
 from sa_taskqueue.claimed_params import json_loads
 from sa_taskqueue.error_text import format_error
-from sa_taskqueue.event_loop_bridge import EventLoopBridge
+from sa_taskqueue.event_loop_bridge import EventLoopBridge, asyncio_extension
 from sa_taskqueue.exceptions import translate_database_errors
 from sa_taskqueue.explain import explain
 from sa_taskqueue.limits import ColumnLimits
@@ -37,6 +38,8 @@ from sa_taskqueue.strategies.lease import LEASE_EXPIRED_ERROR
 from sa_taskqueue.types import utcnow
 
 if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_scoped_session, async_sessionmaker
+
     from sa_taskqueue.worker import Worker
 
 P = ParamSpec("P")
@@ -252,9 +255,9 @@ class TaskQueue:
         checks have run, and raised, before it is returned.
         """
         values = self._task_values(name, params, queue, priority, run_at, max_attempts)
-        if isinstance(session, AsyncSession | async_scoped_session):
+        if _is_async_session(session):
             return _in_async_session(session, lambda sync_session: self._add(sync_session, values))
-        return self._add(session, values)
+        return self._add(cast("Session", session), values)
 
     def _add(self, session: Session, values: dict[str, Any]) -> TaskMixin:
         # The mixin declares no constructor; the mapped subclass gets the declarative one.
@@ -316,9 +319,9 @@ class TaskQueue:
         rows = [
             self._task_values(name, params, queue, priority, run_at, max_attempts) for params in params_list
         ]
-        if isinstance(session, AsyncSession | async_scoped_session):
+        if _is_async_session(session):
             return _in_async_session(session, lambda sync: self._insert(sync, rows, chunk_size))
-        return self._insert(session, rows, chunk_size)
+        return self._insert(cast("Session", session), rows, chunk_size)
 
     def _insert(self, session: Session, rows: list[dict[str, Any]], chunk_size: int) -> list[int] | None:
         if not rows:
@@ -609,6 +612,83 @@ class TaskQueue:
         worker.run()
         return worker
 
+    async def run_worker_async(
+        self,
+        *,
+        concurrency: int = 1,
+        queues: Sequence[str] | None = None,
+        burst: bool = False,
+        poll_interval: float = 1.0,
+        **options: Any,
+    ) -> Worker:
+        """Run a `Worker` from inside a running event loop (a FastAPI lifespan) without blocking it.
+
+        The worker's claim loop, slots and heartbeat run in threads, as with
+        `run_worker`; the loop stays free.  With an async engine the queue's
+        database calls, and ``async def`` tasks, run on this loop for as long
+        as the worker runs, so tasks share the application's engine and its
+        connections.  With a sync engine, ``async def`` tasks run on this loop
+        too.  Cancelling the awaiting task stops the worker gracefully, like
+        `Worker.stop`: no more claims, running tasks get ``shutdown_timeout``
+        seconds to finish, the rest are given back; the cancellation is
+        re-raised once that is done.  Returns the worker once it has stopped
+        (with ``burst``, once nothing is due).  Signals are left to the
+        application.  ``options`` are the rest of `Worker`'s arguments.
+        """
+        from sa_taskqueue.worker import Worker
+
+        loop = asyncio.get_running_loop()
+        options.setdefault("event_loop", loop)
+        worker = Worker(
+            self, concurrency=concurrency, queues=queues, burst=burst, poll_interval=poll_interval, **options
+        )
+        attached: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+        if self.is_async:
+            # Connections this queue keeps were opened on the engine's own
+            # loop; they go back to the pool before calls move to this loop.
+            await asyncio.to_thread(self.close)
+            attached = self._bridge.attached(loop)
+        with attached:
+            done: asyncio.Future[None] = loop.create_future()
+
+            def settle(error: BaseException | None) -> None:
+                if done.done():
+                    return
+                if error is None:
+                    done.set_result(None)
+                else:
+                    done.set_exception(error)
+
+            def run() -> None:
+                try:
+                    worker.run()
+                except BaseException as error:  # noqa: BLE001 - handed to the awaiting task
+                    loop.call_soon_threadsafe(settle, error)
+                else:
+                    loop.call_soon_threadsafe(settle, None)
+
+            threading.Thread(target=run, name="sa_taskqueue-worker", daemon=True).start()
+            try:
+                await asyncio.shield(done)
+            except asyncio.CancelledError:
+                worker.stop()
+                # The drain runs its database calls on this loop: it must keep running meanwhile.
+                await done
+                raise
+            finally:
+                if self.is_async and self._strategy is not None:
+                    await self._bridge.call_async(self._strategy.close)
+        return worker
+
+    def event_loop(self) -> asyncio.AbstractEventLoop:
+        """The loop an async engine's calls run on: ``run_worker_async``'s while it runs, else its own.
+
+        Raises `TypeError` for a queue on a sync engine, which needs none.
+        """
+        if not self.is_async:
+            raise TypeError("a TaskQueue on a sync Engine runs its database calls in the calling thread")
+        return self._bridge.loop()
+
     def close(self) -> None:
         """Release what the strategy holds: its kept connections and any advisory locks."""
         if self._strategy is not None:
@@ -624,19 +704,26 @@ def _engine_of(bind: object) -> tuple[Engine, bool]:
     """The synchronous engine the strategies run on, and whether it belongs to an `AsyncEngine`."""
     if isinstance(bind, Engine):
         return bind, False
-    if isinstance(bind, AsyncEngine):
+    ext = asyncio_extension()  # None: no async object can exist, nothing imported it
+    if ext is not None and isinstance(bind, ext.AsyncEngine):
         return bind.sync_engine, True
-    if isinstance(bind, sessionmaker | async_sessionmaker):
-        engine = bind.kw.get("bind")
+    makers: tuple[type, ...] = (sessionmaker,) if ext is None else (sessionmaker, ext.async_sessionmaker)
+    if isinstance(bind, makers):
+        engine = cast("Any", bind).kw.get("bind")
         if isinstance(engine, Engine):
             return engine, False
-        if isinstance(engine, AsyncEngine):
+        if ext is not None and isinstance(engine, ext.AsyncEngine):
             return engine.sync_engine, True
         raise TypeError(f"the {type(bind).__name__} passed as bind is not bound to an engine")
     raise TypeError(
         "bind must be an Engine, an AsyncEngine, or a sessionmaker or async_sessionmaker bound to one, "
         f"got {type(bind).__name__}"
     )
+
+
+def _is_async_session(session: object) -> TypeGuard[AsyncSession | async_scoped_session[Any]]:
+    ext = asyncio_extension()
+    return ext is not None and isinstance(session, ext.AsyncSession | ext.async_scoped_session)
 
 
 async def _in_async_session(
@@ -648,7 +735,9 @@ async def _in_async_session(
     flushed and announced (NOTIFY) exactly as one added with a `Session`.
     """
     # An async_scoped_session proxies to the AsyncSession of the current scope.
-    target = session() if isinstance(session, async_scoped_session) else session
+    ext = asyncio_extension()
+    assert ext is not None  # an async session exists, so its module was imported
+    target: AsyncSession = session() if isinstance(session, ext.async_scoped_session) else session
     return await target.run_sync(work)
 
 

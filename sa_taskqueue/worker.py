@@ -7,10 +7,17 @@ leases of running tasks every third of the lease, on connections of its own.
 On PostgreSQL an idle worker sleeps on LISTEN and is woken by the NOTIFY an
 enqueue sends at commit; elsewhere it polls, backing off from a short
 interval after work to ``poll_interval`` when idle.
+
+An ``async def`` task runs on an event loop while its slot's thread waits
+for it: the loop of the queue's async engine (so the task can use the
+application's async engine and sessions), the loop given as ``event_loop``
+(``run_worker_async`` passes the application's), or else one loop of the
+worker's own, started with the first such task and stopped with the worker.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import random
@@ -28,8 +35,9 @@ from sa_taskqueue.backends import backend_for
 from sa_taskqueue.claimed import ClaimedTask
 from sa_taskqueue.completions import Completions
 from sa_taskqueue.error_text import error_message
+from sa_taskqueue.event_loop_bridge import LoopThread
 from sa_taskqueue.exceptions import DatabaseError, DatabaseUnavailable, MalformedTask, TaskNotRegistered
-from sa_taskqueue.execution import ChildProcess, GivenBack, Outcome, run_in_thread
+from sa_taskqueue.execution import ChildProcess, GivenBack, Outcome, run_in_thread, run_on_loop
 from sa_taskqueue.notify import Listener
 from sa_taskqueue.validation import is_storable
 from sa_taskqueue.watchdog import Watchdog, kill_at, register_child
@@ -96,6 +104,11 @@ class Worker:
     running twice at once (an embedded worker in an interactive session).
     Under process isolation a task whose lease cannot be renewed in time is
     stopped by the worker itself, which then lives on.
+
+    ``event_loop`` is where ``async def`` tasks run under thread isolation:
+    by default the loop of the queue's async engine, or, for a sync engine,
+    one loop of the worker's own.  Under process isolation each runs on a
+    loop of its child's own.
     """
 
     def __init__(
@@ -114,6 +127,7 @@ class Worker:
         on_success: SuccessHook | None = None,
         on_failure: FailureHook | None = None,
         watchdog: bool = True,
+        event_loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
         if not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 1:
             raise ValueError(f"concurrency must be a positive integer, got {concurrency!r}")
@@ -151,6 +165,8 @@ class Worker:
         self._lock = threading.Lock()
         self._completions = Completions(self._write_successes, self._record_success)
         self._database_down = False
+        self._event_loop = event_loop
+        self._own_loop: LoopThread | None = None
 
     # Control ---------------------------------------------------------------
 
@@ -203,6 +219,9 @@ class Worker:
             if self._watchdog is not None:
                 self._watchdog.close()
                 self._watchdog = None
+            if self._own_loop is not None:
+                self._own_loop.stop()
+                self._own_loop = None
             restore_signals()
             logger.info(
                 "worker %s stopped: %d done, %d failed, %d given back",
@@ -348,7 +367,11 @@ class Worker:
         else:
             if slot.given_back:
                 return
-            outcome = run_in_thread(registered.func, task.params, registered.options.timeout)
+            if registered.is_async:
+                timeout = registered.options.timeout
+                outcome = run_on_loop(registered.func, task.params, timeout, self._task_loop())
+            else:
+                outcome = run_in_thread(registered.func, task.params, registered.options.timeout)
         self._finished(slot)
         if slot.given_back or isinstance(outcome.error, GivenBack):
             return
@@ -376,6 +399,17 @@ class Worker:
             )
             self._record(task, outcome)
             self._hook(self.on_failure, task, outcome.error)
+
+    def _task_loop(self) -> asyncio.AbstractEventLoop:
+        """The loop ``async def`` tasks run on (see the class docstring)."""
+        if self._event_loop is not None:
+            return self._event_loop
+        if self.queue.is_async:
+            return self.queue.event_loop()
+        with self._lock:
+            if self._own_loop is None:
+                self._own_loop = LoopThread("sa_taskqueue-tasks")
+            return self._own_loop.loop
 
     def _watchdog_lost(self, error: OSError) -> None:
         logger.error(
