@@ -737,7 +737,7 @@ async def _in_async_session(
     # An async_scoped_session proxies to the AsyncSession of the current scope.
     ext = asyncio_extension()
     assert ext is not None  # an async session exists, so its module was imported
-    target: AsyncSession = session() if isinstance(session, ext.async_scoped_session) else session
+    target = cast("AsyncSession", session() if isinstance(session, ext.async_scoped_session) else session)
     return await target.run_sync(work)
 
 

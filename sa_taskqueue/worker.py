@@ -31,14 +31,13 @@ from functools import partial
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from sa_taskqueue.backends import backend_for
 from sa_taskqueue.claimed import ClaimedTask
 from sa_taskqueue.completions import Completions
 from sa_taskqueue.error_text import error_message
 from sa_taskqueue.event_loop_bridge import LoopThread
 from sa_taskqueue.exceptions import DatabaseError, DatabaseUnavailable, MalformedTask, TaskNotRegistered
 from sa_taskqueue.execution import ChildProcess, GivenBack, Outcome, run_in_thread, run_on_loop
-from sa_taskqueue.notify import Listener
+from sa_taskqueue.notify import Listener, can_listen
 from sa_taskqueue.validation import is_storable
 from sa_taskqueue.watchdog import Watchdog, kill_at, register_child
 
@@ -192,7 +191,7 @@ class Worker:
         background: list[threading.Thread] = [
             threading.Thread(target=self._heartbeat, name="sa_taskqueue-heartbeat", daemon=True)
         ]
-        if self.listen and not self.burst and backend_for(self.queue.engine.dialect).listen:
+        if self.listen and not self.burst and can_listen(self.queue.engine):
             background.append(Listener(self.queue.engine, self.queue.table, self._notified, self._stopped))
         logger.info(
             "worker %s started: strategy=%s concurrency=%d isolation=%s queues=%s",
