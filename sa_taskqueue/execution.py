@@ -21,6 +21,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
@@ -80,9 +81,18 @@ def run_in_thread(func: Callable[..., Any], params: dict[str, Any], timeout: flo
 
 
 def run_on_loop(
-    func: Callable[..., Any], params: dict[str, Any], timeout: float | None, loop: asyncio.AbstractEventLoop
+    func: Callable[..., Any],
+    params: dict[str, Any],
+    timeout: float | None,
+    loop: asyncio.AbstractEventLoop,
+    started: Callable[[Future[Outcome]], bool] | None = None,
 ) -> Outcome:
     """Run the coroutine function ``func`` on ``loop`` (another thread's), waiting here for its outcome.
+
+    ``started`` is given the run's future as soon as it is scheduled, so a
+    worker giving the task back can cancel it (unlike a thread, a coroutine
+    can be stopped); it returns False if the task was given back already,
+    and the run is then cancelled at once.
 
     A timeout is enforced: the coroutine is cancelled at its next ``await``
     once the time has passed, and fails with `TaskTimeout`.  (Code that
@@ -102,8 +112,11 @@ def run_on_loop(
             return Outcome(error=error)
         return Outcome(result=result)
 
+    future = asyncio.run_coroutine_threadsafe(attempt(), loop)
+    if started is not None and not started(future):
+        future.cancel()
     try:
-        return asyncio.run_coroutine_threadsafe(attempt(), loop).result()
+        return future.result()
     except BaseException as error:  # noqa: BLE001 - the loop cancelled it (stopping): recorded as a failure
         return Outcome(error=error)
 

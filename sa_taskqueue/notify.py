@@ -57,9 +57,11 @@ def notify_enqueued(session: Session, table: Table, queues: Iterable[str]) -> No
 
 def can_listen(engine: Engine) -> bool:
     """Whether a `Listener` can wait for this engine's notifications (else the worker polls)."""
-    if not backend_for(engine.dialect).listen:
-        return False
-    return not engine.dialect.is_async or importlib.util.find_spec("psycopg") is not None
+    backend = backend_for(engine.dialect)
+    if not engine.dialect.is_async:
+        return backend.listen
+    # Any async PostgreSQL driver: the listener connects through psycopg's sync one.
+    return backend.notify and importlib.util.find_spec("psycopg") is not None
 
 
 def _sync_listening_engine(engine: Engine) -> Engine:

@@ -64,6 +64,7 @@ class _Running:
 
     task: ClaimedTask
     child: ChildProcess | None = None
+    coroutine: Future[Outcome] | None = None  # an async def task's run on its loop
     given_back: bool = False
     finished: bool = False  # the run is over; only its outcome is being written
     completing: bool = False  # its success waits in, or is in, a batch being written
@@ -315,6 +316,8 @@ class Worker:
                 slot.given_back = True
                 if slot.child is not None:
                     slot.child.kill()
+                if slot.coroutine is not None:
+                    slot.coroutine.cancel()  # an async task stops at its next await
             try:
                 released = self.queue.release(slot.task)
             except DatabaseUnavailable as error:
@@ -368,7 +371,9 @@ class Worker:
                 return
             if registered.is_async:
                 timeout = registered.options.timeout
-                outcome = run_on_loop(registered.func, task.params, timeout, self._task_loop())
+                outcome = run_on_loop(
+                    registered.func, task.params, timeout, self._task_loop(), partial(self._started, slot)
+                )
             else:
                 outcome = run_in_thread(registered.func, task.params, registered.options.timeout)
         self._finished(slot)
@@ -398,6 +403,12 @@ class Worker:
             )
             self._record(task, outcome)
             self._hook(self.on_failure, task, outcome.error)
+
+    def _started(self, slot: _Running, future: Future[Outcome]) -> bool:
+        """Keep an async run's future, for giving it back; False if it was given back already."""
+        with slot.lock:
+            slot.coroutine = future
+            return not slot.given_back
 
     def _task_loop(self) -> asyncio.AbstractEventLoop:
         """The loop ``async def`` tasks run on (see the class docstring)."""
@@ -590,6 +601,11 @@ class Worker:
                 slot.given_back = True
                 slot.child.kill()
             logger.warning("task %d %s: %s; its process was stopped", *_ids(slot.task), why)
+        elif slot.coroutine is not None:
+            with slot.lock:
+                slot.given_back = True
+                slot.coroutine.cancel()
+            logger.warning("task %d %s: %s; it was cancelled", *_ids(slot.task), why)
         else:
             logger.error(
                 "task %d %s: %s, and a thread cannot be stopped: another worker may run it meanwhile",
