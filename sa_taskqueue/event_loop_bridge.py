@@ -248,13 +248,20 @@ def _same_loop_only(
     current = _running_loop()
     if opened_on is None or current is None or opened_on() is current:
         return
-    # Closing it gracefully would await its old loop's futures on this one:
-    # its socket is cut instead, then the pool opens a fresh connection here.
-    force_close = getattr(dbapi_connection, "_terminate_force_close", None)
-    if force_close is not None:
-        with contextlib.suppress(Exception):
-            force_close()
+    # SQLAlchemy's adapter classes live in a module named after the driver.
+    if type(dbapi_connection).__module__.rpartition(".")[2] in _LOOP_BOUND_DRIVERS:
+        # Closing it gracefully would await its old loop's futures on this
+        # one: its socket is cut instead, and the pool's close then finds it
+        # closed.  (aiosqlite and psycopg close from any loop.)
+        force_close = getattr(dbapi_connection, "_terminate_force_close", None)
+        if force_close is not None:
+            with contextlib.suppress(Exception):
+                force_close()
     raise DisconnectionError("the pooled connection was opened on another event loop")
+
+
+#: Drivers whose connections wait on futures of the loop that opened them.
+_LOOP_BOUND_DRIVERS = frozenset({"asyncpg", "aiomysql", "asyncmy"})
 
 
 __all__ = ["EventLoopBridge", "LoopThread", "SyncCallOnEventLoop", "asyncio_extension"]
