@@ -28,9 +28,9 @@ from sqlalchemy.ext.asyncio import (
 from sqlalchemy.pool import NullPool
 
 import sa_taskqueue as tq
-from tests.app import Execution, executions, make_queue
+from tests.app import Execution, executions
 from tests.backends import ASYNC_DRIVERS, Backend, async_url
-from tests.helpers import task_row, wait_until
+from tests.helpers import run_cli, task_row, wait_until
 from tests.helpers import task_rows as rows
 
 pytestmark = pytest.mark.async_path
@@ -262,7 +262,7 @@ def test_an_async_task_past_its_timeout_is_cancelled_and_fails(
 
 
 def test_async_tasks_of_a_sync_queue_share_one_loop_of_the_worker(engine: sa.Engine) -> None:
-    queue = make_queue(engine, None, timedelta(minutes=5))
+    queue = tq.TaskQueue(engine)  # a sync engine, whatever --async-driver says
     loops: list[asyncio.AbstractEventLoop] = []
 
     @queue.task(name="where")
@@ -271,8 +271,6 @@ def test_async_tasks_of_a_sync_queue_share_one_loop_of_the_worker(engine: sa.Eng
         loops.append(asyncio.get_running_loop())
         return n
 
-    if queue.is_async:
-        pytest.skip("the suite runs this queue on an async engine (--async-driver): its loop is the engine's")
     from sqlalchemy.orm import Session
 
     with Session(engine) as session:
@@ -412,3 +410,32 @@ def _next_poll_at_least(caplog: pytest.LogCaptureFixture, seconds: float) -> boo
     waits = [r.getMessage().removeprefix(prefix) for r in caplog.records if r.getMessage().startswith(prefix)]
     return any(float(wait.rstrip("s")) >= seconds for wait in waits)
 
+
+
+# The command line -----------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_the_command_line_worker_runs_both_kinds_of_task_of_an_app_with_only_an_async_engine(
+    backend: Backend, driver: str, async_queue: tq.TaskQueue, engine: sa.Engine
+) -> None:
+    from sqlalchemy.orm import Session
+
+    with Session(engine) as session:
+        session.add_all([tq.Task(name="double", params={"n": n}) for n in range(5)])
+        session.add_all([tq.Task(name="arecord", params={"key": n}) for n in range(5)])
+        session.commit()
+    done = run_cli(
+        "worker",
+        "tests.async_cli_app:queue",
+        "--burst",
+        "--concurrency",
+        "3",
+        url=backend.url,
+        SA_TASKQUEUE_TEST_ASYNC_DRIVER=driver,
+    )
+    assert done.returncode == 0, done.stderr
+    assert executions(engine) == dict.fromkeys(range(5), 1)
+    assert sorted((t.name, t.result) for t in rows(engine) if t.status == tq.TaskStatus.COMPLETED) == sorted(
+        [("double", 2 * n) for n in range(5)] + [("arecord", n) for n in range(5)]
+    )
