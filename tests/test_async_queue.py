@@ -83,6 +83,18 @@ async def eventually(condition: Callable[[], Awaitable[bool]], seconds: float, w
     raise AssertionError(f"timed out after {seconds}s waiting for {what}")
 
 
+# The queue --------------------------------------------------------------------
+
+
+def test_an_async_sessionmaker_binds_a_queue_to_its_engine(async_engine: AsyncEngine) -> None:
+    queue = tq.TaskQueue(async_sessionmaker(async_engine))
+    assert queue.is_async and queue.engine is async_engine.sync_engine
+    with pytest.raises(TypeError, match="async_sessionmaker passed as bind is not bound to an engine"):
+        tq.TaskQueue(async_sessionmaker())
+    with pytest.raises(TypeError, match="AsyncEngine"):
+        tq.TaskQueue("sqlite://")  # type: ignore[arg-type]
+
+
 # Enqueue ---------------------------------------------------------------------
 
 
@@ -376,6 +388,35 @@ def test_run_worker_async_in_burst_returns_the_worker(
     worker = asyncio.run(main())
     assert (worker.processed, worker.failed) == (8, 0)
     assert executions(engine) == dict.fromkeys(range(8), 1)
+
+
+def test_run_worker_async_runs_the_async_tasks_of_a_sync_queue_on_the_applications_loop(
+    engine: sa.Engine,
+) -> None:
+    from sqlalchemy.orm import Session
+
+    queue = tq.TaskQueue(engine)
+    loops: list[asyncio.AbstractEventLoop] = []
+
+    @queue.task(name="where")
+    async def where(n: int) -> int:
+        loops.append(asyncio.get_running_loop())
+        return n
+
+    with Session(engine) as session:
+        queue.enqueue_many(session, "where", [{"n": n} for n in range(4)])
+        session.commit()
+
+    async def main() -> tuple[tq.Worker, asyncio.AbstractEventLoop]:
+        worker = await queue.run_worker_async(concurrency=2, burst=True, poll_interval=0.05)
+        return worker, asyncio.get_running_loop()
+
+    try:
+        worker, application_loop = asyncio.run(main())
+    finally:
+        queue.close()
+    assert (worker.processed, worker.failed) == (4, 0)
+    assert {id(loop) for loop in loops} == {id(application_loop)}
 
 
 # Prompt pickup -------------------------------------------------------------------------
