@@ -42,7 +42,7 @@ import os
 import sys
 import threading
 import weakref
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any, TypeVar
 
@@ -150,29 +150,6 @@ class EventLoopBridge:
                 serialiser = _SERIALISERS[loop] = asyncio.Lock()
         async with serialiser:
             return await greenlet_spawn(fn)
-
-    def run_coroutine(
-        self, factory: Callable[[], Coroutine[Any, Any, T]], loop: asyncio.AbstractEventLoop | None = None
-    ) -> T:
-        """Run the coroutine ``factory()`` makes on ``loop`` (the engine's by default); wait for its result.
-
-        For ``async def`` tasks: on the engine's loop they can use the
-        application's async engine and sessions.  Not serialised with the
-        queue's own calls, which they may make themselves.
-        """
-        target = loop if loop is not None else self.loop()
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is target:
-            raise SyncCallOnEventLoop("an async task cannot be waited for from its own event loop's thread")
-
-        async def start() -> T:
-            return await factory()
-
-        return asyncio.run_coroutine_threadsafe(start(), target).result()
-
 
 
 class LoopThread:
