@@ -172,12 +172,13 @@ class LoopThread:
         # A forked child has the loop object but not the thread that ran it.
         return self._pid == os.getpid() and self._thread.is_alive()
 
-    def stop(self) -> None:
+    def stop(self, *, close: bool = True) -> None:
+        """Stop the loop and its thread; ``close`` the loop too, unless connections may outlive it."""
         if not self.usable():
             return
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=5)
-        if not self._thread.is_alive():
+        if close and not self._thread.is_alive():
             self.loop.close()
 
 
@@ -194,7 +195,9 @@ def _own_loop(engine: Engine) -> asyncio.AbstractEventLoop:
         own = _OWN_LOOPS.get(engine)
         if own is None or not own.usable():
             own = _OWN_LOOPS[engine] = LoopThread("sa_taskqueue-loop")
-            weakref.finalize(engine, own.stop)
+            # Left open: the pool's connections may be collected after it
+            # stops, and closing their transports needs a loop that is not closed.
+            weakref.finalize(engine, own.stop, close=False)
         return own.loop
 
 
