@@ -95,6 +95,29 @@ def test_an_async_sessionmaker_binds_a_queue_to_its_engine(async_engine: AsyncEn
         tq.TaskQueue("sqlite://")  # type: ignore[arg-type]
 
 
+def test_every_database_call_of_an_async_queue_goes_through_its_engine(
+    async_queue: tq.TaskQueue, engine: sa.Engine
+) -> None:
+    from sqlalchemy.orm import Session
+
+    with Session(engine) as session:
+        ids = [async_queue.enqueue(session, "record", {"key": n}).id for n in range(3)]
+        session.commit()
+    assert async_queue.cancel(ids[2]) is True
+    assert async_queue.explain_claim(limit=2).strip()  # the database's plan, read on the engine's loop
+    [first, second] = async_queue.claim(limit=5)
+    assert async_queue.extend_leases([first, second]) == {first.id, second.id}
+    assert async_queue.release(second) is True
+    assert async_queue.complete(first, 10) is True
+    assert async_queue.outcome_written(first, completed=True) is True
+    assert async_queue.recover() == 0
+    assert [(t.status, t.attempts) for t in rows(engine)] == [
+        (tq.TaskStatus.COMPLETED, 1),
+        (tq.TaskStatus.QUEUED, 0),
+        (tq.TaskStatus.CANCELLED, 0),
+    ]
+
+
 # Enqueue ---------------------------------------------------------------------
 
 
