@@ -182,7 +182,14 @@ def enqueue_section(run: Run) -> dict[str, Any]:
     args = run.args
     table = new_table(
         f"enqueue throughput, tasks/s, {args.enqueue_tasks} tasks, one commit",
-        ("backend", "enqueue() loop", "enqueue_many()", "raw executemany", "bulk / raw"),
+        (
+            "backend",
+            "enqueue() loop",
+            "enqueue_many()",
+            "enqueue_many() async",
+            "raw executemany",
+            "bulk / raw",
+        ),
     )
     rows = []
     for target in run.backends:
@@ -190,7 +197,7 @@ def enqueue_section(run: Run) -> dict[str, Any]:
             method: spread(
                 [enqueue_rate(method, target.url, args.enqueue_tasks) for _ in range(args.repeats)]
             )
-            for method in ("enqueue", "enqueue_many", "raw")
+            for method in ("enqueue", "enqueue_many", "async_enqueue_many", "raw")
         }
         ratio = figures["enqueue_many"]["median"] / figures["raw"]["median"]
         rows.append({"backend": target.name, **figures, "bulk_ratio": ratio})
@@ -198,6 +205,7 @@ def enqueue_section(run: Run) -> dict[str, Any]:
             target.name,
             fmt(figures["enqueue"]),
             fmt(figures["enqueue_many"]),
+            fmt(figures["async_enqueue_many"]),
             fmt(figures["raw"]),
             f"{ratio:.0%}",
         )

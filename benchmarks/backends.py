@@ -29,6 +29,18 @@ def backend(name: str) -> BenchBackend:
     return BenchBackend(name, os.environ.get(env) or DEFAULT_URLS[name])
 
 
+#: The asyncio driver each backend's async rows go through (psycopg 3 is both).
+ASYNC_DRIVERS = {"postgresql": "psycopg", "mysql": "aiomysql", "mariadb": "aiomysql", "sqlite": "aiosqlite"}
+
+
+def async_url(url: str, driver: str | None = None) -> str:
+    """``url`` through an asyncio driver: ``driver``, else the backend's in ASYNC_DRIVERS."""
+    parsed = sa.make_url(url)
+    backend_name = parsed.get_backend_name()
+    chosen = driver or ASYNC_DRIVERS[backend_name]
+    return parsed.set(drivername=f"{backend_name}+{chosen}").render_as_string(hide_password=False)
+
+
 def fresh_table(url: str) -> None:
     """Drop and create the library's table (the benchmarks own the database they are pointed at)."""
     import sa_taskqueue as tq

@@ -24,6 +24,10 @@ def noop(**_params: Any) -> None:
     """The benchmark's task: nothing, so that the queue is all that is measured."""
 
 
+async def async_noop(**_params: Any) -> None:
+    """The async benchmark's task: nothing, run on the worker's event loop."""
+
+
 class Client(Protocol):
     def claim(self) -> list[tuple[int, dict[str, Any]]]: ...
     def complete(self, task_id: int) -> None: ...

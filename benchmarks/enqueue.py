@@ -1,7 +1,9 @@
-"""Enqueue throughput: one enqueue per call, the bulk API, and the raw driver's executemany."""
+"""Enqueue throughput: one enqueue per call, the bulk API (also through an AsyncSession), and the raw
+driver's executemany."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from datetime import UTC, datetime
@@ -9,13 +11,13 @@ from datetime import UTC, datetime
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from benchmarks.backends import fresh_table
+from benchmarks.backends import async_url, fresh_table
 from benchmarks.clients import TABLE, noop
 
 COLUMNS = "name, queue, priority, params, status, run_at, attempts, max_attempts, created_at"
 
 
-def _queue(engine: sa.Engine) -> object:
+def _queue(engine: sa.Engine) -> object:  # an AsyncEngine too
     import sa_taskqueue as tq
 
     queue = tq.TaskQueue(engine)
@@ -40,6 +42,8 @@ def enqueue_rate(method: str, url: str, count: int) -> float:
             for start in range(0, count, 1000):
                 queue.enqueue_many(session, "noop", params[start : start + 1000])  # type: ignore[attr-defined]
             session.commit()
+    elif method == "async_enqueue_many":
+        asyncio.run(_async_enqueue_many(url, params))
     else:
         _raw_executemany(url, params)
     seconds = time.perf_counter() - started
@@ -49,6 +53,19 @@ def enqueue_rate(method: str, url: str, count: int) -> float:
     if stored != count:
         raise RuntimeError(f"{method}: {stored} rows stored for {count} enqueued")
     return count / seconds
+
+
+async def _async_enqueue_many(url: str, params: list[dict[str, int]]) -> None:
+    """``enqueue_many`` through an AsyncSession of the backend's asyncio driver, in chunks of 1,000."""
+    from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+
+    engine = create_async_engine(async_url(url))
+    queue = _queue(engine)  # type: ignore[arg-type]
+    async with AsyncSession(engine) as session:
+        for start in range(0, len(params), 1000):
+            await queue.enqueue_many(session, "noop", params[start : start + 1000])  # type: ignore[attr-defined]
+        await session.commit()
+    await engine.dispose()
 
 
 def _raw_executemany(url: str, params: list[dict[str, int]]) -> None:

@@ -7,6 +7,9 @@ until the queue is empty, configured as its documentation says for throughput:
 
 - sa_taskqueue: ``run_worker(concurrency=B, burst=True)``: B task slots,
   whose free ones each claim fills.
+- sa_taskqueue async: the same through an AsyncEngine (asyncpg) and
+  ``await run_worker_async(concurrency=B, burst=True)``, ``async def`` no-op
+  tasks run on the worker's event loop.
 - Procrastinate: ``run_worker(wait=False)`` (stop once caught up), one job at
   a time per worker (its ``concurrency`` is for async tasks; ours is sync).
 - PgQueuer: asyncpg, ``mode=drain``, ``batch_size`` = B.
@@ -29,12 +32,12 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from benchmarks.backends import fresh_table
-from benchmarks.clients import LEASE, noop
+from benchmarks.backends import async_url, fresh_table
+from benchmarks.clients import LEASE, async_noop, noop
 from benchmarks.drain import DrainResult, seed, start_together
 
 PEERS = ("procrastinate", "pgqueuer")
-IMPLEMENTATIONS = ("sa_taskqueue", *PEERS)
+IMPLEMENTATIONS = ("sa_taskqueue", "sa_taskqueue_async", *PEERS)
 
 
 def missing_peers() -> list[str]:
@@ -183,9 +186,43 @@ def _sa_taskqueue_worker(url: str, batch: int, ready: Any, go: Any, results: Any
     results.put((ran, stamps[-1] if stamps else 0.0))
 
 
-SEED = {"sa_taskqueue": _sa_taskqueue_seed, "procrastinate": _procrastinate_seed, "pgqueuer": _pgqueuer_seed}
+def _sa_taskqueue_async_worker(url: str, batch: int, ready: Any, go: Any, results: Any) -> None:
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    import sa_taskqueue as tq
+
+    ran: list[int] = []
+    stamps: list[float] = []
+
+    def record(task: tq.ClaimedTask, _result: object) -> None:
+        ran.append(task.id)
+        stamps.append(time.perf_counter())
+
+    engine = create_async_engine(async_url(url, "asyncpg"))
+    queue = tq.TaskQueue(engine, lease=LEASE)
+    queue.task(name="noop")(async_noop)
+    queue.strategy  # noqa: B018 - connect and pick the strategy before the clock starts
+    ready.release()
+    go.wait()
+
+    async def serve() -> None:
+        await queue.run_worker_async(concurrency=batch, burst=True, poll_interval=0.05, on_success=record)
+        await asyncio.to_thread(queue.close)
+        await engine.dispose()
+
+    asyncio.run(serve())
+    results.put((ran, stamps[-1] if stamps else 0.0))
+
+
+SEED = {
+    "sa_taskqueue": _sa_taskqueue_seed,
+    "sa_taskqueue_async": _sa_taskqueue_seed,
+    "procrastinate": _procrastinate_seed,
+    "pgqueuer": _pgqueuer_seed,
+}
 WORKER = {
     "sa_taskqueue": _sa_taskqueue_worker,
+    "sa_taskqueue_async": _sa_taskqueue_async_worker,
     "procrastinate": _procrastinate_worker,
     "pgqueuer": _pgqueuer_worker,
 }
@@ -196,7 +233,7 @@ def worker_drain(implementation: str, url: str, tasks: int, workers: int, batch:
 
     A peer gets a fresh database of its own; sa_taskqueue a fresh table in ``url``'s.
     """
-    if implementation == "sa_taskqueue":
+    if implementation.startswith("sa_taskqueue"):
         return _race(implementation, url, tasks, workers, batch)
     with scratch_database(url, f"{sa.make_url(url).database}_{implementation}") as dsn:
         return _race(implementation, dsn, tasks, workers, batch)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from sa_taskqueue import backends, session_events, strategies
 from sa_taskqueue.claimed import ClaimedTask
+from sa_taskqueue.event_loop_bridge import SyncCallOnEventLoop
 from sa_taskqueue.exceptions import (
     DatabaseBusy,
     DatabaseError,
@@ -41,6 +42,7 @@ __all__ = [
     "RegisteredTask",
     "SchemaMissing",
     "StrategyError",
+    "SyncCallOnEventLoop",
     "Task",
     "TaskMixin",
     "TaskNotRegistered",

@@ -32,7 +32,10 @@ def insert_rows(conn: Connection, table: Table, rows: Sequence[Mapping[str, Any]
     names = list(rows[0])
     ascending = _ids_ascend(table, names)
     backend = backend_for(conn.dialect)
-    if backend.insert_from_arrays and ascending and _unnest_can_insert(table, names):
+    # The unnest statement is written with psycopg's placeholders; asyncpg
+    # (numbered ``$1`` placeholders) takes SQLAlchemy's INSERT below.
+    pyformat = conn.dialect.paramstyle == "pyformat"
+    if backend.insert_from_arrays and pyformat and ascending and _unnest_can_insert(table, names):
         return _insert_unnested(conn, table, names, rows)
     statement = insert(table)
     if backend.multi_row_insert_ids_in_order and ascending:

@@ -3,12 +3,17 @@
 A child process is the stronger wall: a segfault, ``os._exit`` or a leak in a
 task ends that child alone, and a timeout can be enforced by killing it.  A
 thread shares the worker's fate; its timeout can only be noticed afterwards.
+An ``async def`` task runs on an event loop instead of in the slot's thread
+(the slot's thread waits for it), and there its timeout cancels it; in a
+child process it runs on a loop of the child's own.
 """
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import ctypes.util
+import inspect
 import multiprocessing
 import os
 import signal
@@ -16,6 +21,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
@@ -72,6 +78,54 @@ def run_in_thread(func: Callable[..., Any], params: dict[str, Any], timeout: flo
         )
         return Outcome(error=late)
     return Outcome(result=result)
+
+
+def run_on_loop(
+    func: Callable[..., Any],
+    params: dict[str, Any],
+    timeout: float | None,
+    loop: asyncio.AbstractEventLoop,
+    started: Callable[[Future[Outcome]], bool] | None = None,
+) -> Outcome:
+    """Run the coroutine function ``func`` on ``loop`` (another thread's), waiting here for its outcome.
+
+    ``started`` is given the run's future as soon as it is scheduled, so a
+    worker giving the task back can cancel it (unlike a thread, a coroutine
+    can be stopped); it returns False if the task was given back already,
+    and the run is then cancelled at once.
+
+    A timeout is enforced: the coroutine is cancelled at its next ``await``
+    once the time has passed, and fails with `TaskTimeout`.  (Code that
+    blocks the loop without awaiting cannot be cancelled, and holds up every
+    coroutine on that loop: async tasks must await their I/O.)
+    """
+
+    async def attempt() -> Outcome:
+        try:
+            async with asyncio.timeout(timeout) as scope:
+                result = await func(**params)
+        except TimeoutError as error:
+            if scope.expired():
+                return Outcome(error=TaskTimeout(f"cancelled after its {timeout:g}s timeout"))
+            return Outcome(error=error)
+        except BaseException as error:  # noqa: BLE001 - a task's failure is data, whatever it is
+            return Outcome(error=error)
+        return Outcome(result=result)
+
+    future = asyncio.run_coroutine_threadsafe(attempt(), loop)
+    if started is not None and not started(future):
+        future.cancel()
+    try:
+        return future.result()
+    except BaseException as error:  # noqa: BLE001 - the loop cancelled it (stopping): recorded as a failure
+        return Outcome(error=error)
+
+
+def _call(func: Callable[..., Any], params: dict[str, Any]) -> Any:
+    """``func(**params)``; an ``async def`` runs to its end on an event loop of this (child) process."""
+    if inspect.iscoroutinefunction(func):
+        return asyncio.run(func(**params))
+    return func(**params)
 
 
 class ChildProcess:
@@ -151,7 +205,7 @@ def _child_main(
     _die_with_parent(parent)
     after_fork()
     try:
-        result = func(**params)
+        result = _call(func, params)
     except BaseException as error:  # noqa: BLE001 - reported to the parent, whatever it is
         send.send(("error", type(error).__qualname__, str(error), "".join(traceback.format_exception(error))))
     else:

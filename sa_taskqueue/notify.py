@@ -5,17 +5,26 @@ listeners only when that transaction commits, and never if it rolls back.
 The payload is the queue name.  A notification is only a hint to look now;
 workers keep polling, so a lost one (listener reconnecting) costs a poll
 interval, never a task.  Other dialects have no such channel and poll.
+
+The listener waits on psycopg's blocking ``notifies()`` in a thread of its
+own.  For an async engine (psycopg's async mode, or asyncpg) it opens its
+one connection through psycopg's sync driver to the same server, outside the
+engine's pool and event loop: a LISTEN connection is never lent to anyone,
+so nothing is gained by making it async, and the worker's wait stays the
+same.  Where psycopg is not installed (asyncpg alone) the worker polls.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from sqlalchemy import Engine, Table, func, select
+from sqlalchemy import Engine, Table, create_engine, func, select
 from sqlalchemy.orm import Session, SessionTransaction, scoped_session
+from sqlalchemy.pool import NullPool
 
 from sa_taskqueue.backends import backend_for
 
@@ -85,6 +94,24 @@ def _open_transactions(session: Session) -> list[SessionTransaction]:
     return found
 
 
+def can_listen(engine: Engine) -> bool:
+    """Whether a `Listener` can wait for this engine's notifications (else the worker polls)."""
+    backend = backend_for(engine.dialect)
+    if not engine.dialect.is_async:
+        return backend.listen
+    # Any async PostgreSQL driver: the listener connects through psycopg's sync one.
+    return backend.notify and importlib.util.find_spec("psycopg") is not None
+
+
+def _sync_listening_engine(engine: Engine) -> Engine:
+    """An engine of psycopg's sync driver to an async engine's server, without a pool."""
+    url = engine.url.set(drivername="postgresql+psycopg")
+    if engine.url.get_driver_name() not in ("psycopg", "psycopg_async"):
+        # asyncpg's URL options are not psycopg's: the server and login are kept.
+        url = url.set(query={})
+    return create_engine(url, poolclass=NullPool)
+
+
 class Listener(threading.Thread):
     """LISTENs on a dedicated connection and calls ``wake(queue)`` for each notification."""
 
@@ -97,6 +124,8 @@ class Listener(threading.Thread):
         self.wake = wake
         self.stop = stop
         self.listening = threading.Event()
+        # An async engine's driver cannot wait here: a sync engine to its server does.
+        self._listening_engine = _sync_listening_engine(engine) if engine.dialect.is_async else engine
 
     def run(self) -> None:
         self.backoff = 0.5
@@ -111,7 +140,7 @@ class Listener(threading.Thread):
                 self.backoff = min(backoff * 2, 30.0)
 
     def _listen(self) -> None:
-        raw = self.engine.raw_connection()
+        raw = self._listening_engine.raw_connection()
         try:
             driver: Any = raw.driver_connection
             driver.autocommit = True

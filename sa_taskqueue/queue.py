@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 import secrets
 import socket
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeGuard, TypeVar, cast, overload
 
 from sqlalchemy import Engine, Table
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session, scoped_session, sessionmaker
 
 from sa_taskqueue import validation
 from sa_taskqueue.admin import cancel_queued
@@ -22,6 +24,7 @@ from sa_taskqueue.bulk_insert import insert_rows
 from sa_taskqueue.claimed import ClaimedTask
 from sa_taskqueue.claimed_params import json_loads
 from sa_taskqueue.error_text import format_error
+from sa_taskqueue.event_loop_bridge import EventLoopBridge, asyncio_extension
 from sa_taskqueue.exceptions import translate_database_errors
 from sa_taskqueue.explain import explain
 from sa_taskqueue.limits import ColumnLimits
@@ -35,10 +38,14 @@ from sa_taskqueue.strategies.lease import LEASE_EXPIRED_ERROR
 from sa_taskqueue.types import utcnow
 
 if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_scoped_session, async_sessionmaker
+
     from sa_taskqueue.worker import Worker
 
 P = ParamSpec("P")
 R = TypeVar("R")
+T = TypeVar("T")
+
 
 logger = logging.getLogger("sa_taskqueue")
 
@@ -49,7 +56,12 @@ DEFAULT_MAX_RETRY_DELAY = timedelta(hours=1)
 class TaskQueue:
     """A task queue on one table of one database.
 
-    ``bind`` is an `Engine` or a `sessionmaker` bound to one.  The claim
+    ``bind`` is an `Engine` or a `sessionmaker` bound to one, or an
+    `AsyncEngine` or an `async_sessionmaker` bound to one.  With an async
+    engine, ``engine`` is its ``sync_engine``, and every database call of the
+    queue runs in a greenlet on the event loop that owns the engine's
+    connections (see `sa_taskqueue.event_loop_bridge`): the same strategies,
+    and the same thread-based `Worker`, serve both kinds.  The claim
     strategy is picked from the dialect and server version on first use,
     unless ``strategy`` names one (``"skip_locked"``, ``"conditional_update"``,
     ``"advisory_lock"``) or is a `ClaimStrategy` instance.  ``lease`` is how
@@ -65,7 +77,7 @@ class TaskQueue:
 
     def __init__(
         self,
-        bind: Engine | sessionmaker[Session],
+        bind: Engine | sessionmaker[Session] | AsyncEngine | async_sessionmaker[AsyncSession],
         *,
         model: type[TaskMixin] = Task,
         strategy: str | ClaimStrategy | None = None,
@@ -73,7 +85,9 @@ class TaskQueue:
         max_retry_delay: timedelta = DEFAULT_MAX_RETRY_DELAY,
         clock: Callable[[], datetime] = utcnow,
     ) -> None:
-        self.engine = _engine_of(bind)
+        self.engine, is_async = _engine_of(bind)
+        #: Where the database calls run: here for a sync engine, on the engine's loop for an async one.
+        self._bridge = EventLoopBridge(self.engine, is_async=is_async)
         self.model = model
         table = getattr(model, "__table__", None)
         if not isinstance(table, Table):
@@ -111,8 +125,13 @@ class TaskQueue:
         if self._strategy is None:
             with self._strategy_lock:
                 if self._strategy is None:
-                    self._strategy = self._resolve_strategy()
+                    self._strategy = self._bridge.call(self._resolve_strategy)
         return self._strategy
+
+    @property
+    def is_async(self) -> bool:
+        """Whether the queue was given an async engine (its database calls then run on that engine's loop)."""
+        return self._bridge.is_async
 
     def _resolve_strategy(self) -> ClaimStrategy:
         with self._database_errors():
@@ -190,9 +209,10 @@ class TaskQueue:
 
     # Enqueue ---------------------------------------------------------------
 
+    @overload
     def enqueue(
         self,
-        session: Session,
+        session: Session | scoped_session[Any],
         name: str,
         params: dict[str, Any] | None = None,
         *,
@@ -200,22 +220,56 @@ class TaskQueue:
         priority: int | None = None,
         run_at: datetime | None = None,
         max_attempts: int | None = None,
-    ) -> TaskMixin:
+    ) -> TaskMixin: ...
+
+    @overload
+    def enqueue(
+        self,
+        session: AsyncSession | async_scoped_session[Any],
+        name: str,
+        params: dict[str, Any] | None = None,
+        *,
+        queue: str | None = None,
+        priority: int | None = None,
+        run_at: datetime | None = None,
+        max_attempts: int | None = None,
+    ) -> Coroutine[Any, Any, TaskMixin]: ...
+
+    def enqueue(
+        self,
+        session: Session | scoped_session[Any] | AsyncSession | async_scoped_session[Any],
+        name: str,
+        params: dict[str, Any] | None = None,
+        *,
+        queue: str | None = None,
+        priority: int | None = None,
+        run_at: datetime | None = None,
+        max_attempts: int | None = None,
+    ) -> TaskMixin | Coroutine[Any, Any, TaskMixin]:
         """Add a task to the caller's ``session`` and flush it; the caller commits.
 
         The task exists exactly when the caller's transaction commits.  Every
-        argument is checked before anything touches the database.
+        argument is checked before anything touches the database.  With an
+        `AsyncSession` (or an `async_scoped_session`) it returns a coroutine
+        to await (``task = await queue.enqueue(async_session, ...)``); the
+        checks have run, and raised, before it is returned.
         """
         values = self._task_values(name, params, queue, priority, run_at, max_attempts)
+        if _is_async_session(session):
+            return _in_async_session(session, lambda sync_session: self._add(sync_session, values))
+        return self._add(cast("Session", session), values)
+
+    def _add(self, session: Session, values: dict[str, Any]) -> TaskMixin:
         # The mixin declares no constructor; the mapped subclass gets the declarative one.
         task = cast("Callable[..., TaskMixin]", self.model)(**values)
         session.add(task)
         session.flush()  # which checks the row again and sends its NOTIFY (sa_taskqueue.session_events)
         return task
 
+    @overload
     def enqueue_many(
         self,
-        session: Session,
+        session: Session | scoped_session[Any],
         name: str,
         params_list: Iterable[dict[str, Any] | None],
         *,
@@ -224,18 +278,51 @@ class TaskQueue:
         run_at: datetime | None = None,
         max_attempts: int | None = None,
         chunk_size: int = 1000,
-    ) -> list[int] | None:
+    ) -> list[int] | None: ...
+
+    @overload
+    def enqueue_many(
+        self,
+        session: AsyncSession | async_scoped_session[Any],
+        name: str,
+        params_list: Iterable[dict[str, Any] | None],
+        *,
+        queue: str | None = None,
+        priority: int | None = None,
+        run_at: datetime | None = None,
+        max_attempts: int | None = None,
+        chunk_size: int = 1000,
+    ) -> Coroutine[Any, Any, list[int] | None]: ...
+
+    def enqueue_many(
+        self,
+        session: Session | scoped_session[Any] | AsyncSession | async_scoped_session[Any],
+        name: str,
+        params_list: Iterable[dict[str, Any] | None],
+        *,
+        queue: str | None = None,
+        priority: int | None = None,
+        run_at: datetime | None = None,
+        max_attempts: int | None = None,
+        chunk_size: int = 1000,
+    ) -> list[int] | Coroutine[Any, Any, list[int] | None] | None:
         """Add one task per params dict in the caller's transaction; the caller commits.
 
         One multi-row INSERT per ``chunk_size`` tasks, without ORM objects.
         Every argument is checked before the first row is sent.  Returns the
         new ids in order, or None where the database cannot return them from
-        a multi-row INSERT (MySQL).
+        a multi-row INSERT (MySQL).  With an `AsyncSession` it returns a
+        coroutine to await, once every row has been checked.
         """
         validation.check_positive_int("chunk_size", chunk_size)
         rows = [
             self._task_values(name, params, queue, priority, run_at, max_attempts) for params in params_list
         ]
+        if _is_async_session(session):
+            return _in_async_session(session, lambda sync: self._insert(sync, rows, chunk_size))
+        return self._insert(cast("Session", session), rows, chunk_size)
+
+    def _insert(self, session: Session, rows: list[dict[str, Any]], chunk_size: int) -> list[int] | None:
         if not rows:
             return []
         conn = session.connection()
@@ -332,7 +419,7 @@ class TaskQueue:
         self._recover_if_due(strategy)
         request = self._request(limit, queue_names, worker_id or self.default_worker_id(), task_names)
         with self._database_errors():
-            rows = strategy.claim(self.engine, self.table, request)
+            rows = self._bridge.call(lambda: strategy.claim(self.engine, self.table, request))
         loads = json_loads(self.engine.dialect)
         return sorted((ClaimedTask.from_row(row, loads) for row in rows), key=lambda t: t.sort_key)
 
@@ -345,7 +432,7 @@ class TaskQueue:
         request = self._request(limit, tuple(queues) if queues is not None else None, "explain")
         statement = self.strategy.finding_statement(self.engine.dialect, self.table, request)
         with self._database_errors():
-            return explain(self.engine, statement, request.params())
+            return self._bridge.call(lambda: explain(self.engine, statement, request.params()))
 
     def _request(
         self,
@@ -368,7 +455,8 @@ class TaskQueue:
         """Give back tasks whose worker is gone (lease expired, or advisory lock free); return how many."""
         strategy = self.strategy
         with self._database_errors():
-            recovered = strategy.recover(self.engine, self.table, self.clock())
+            now = self.clock()
+            recovered = self._bridge.call(lambda: strategy.recover(self.engine, self.table, now))
         if recovered:
             logger.warning("recovered %d task(s) from workers that are gone", recovered)
         return recovered
@@ -413,8 +501,11 @@ class TaskQueue:
         if not tasks:
             return set()
         now = self.clock()
+        strategy = self.strategy
         with self._database_errors():
-            return self.strategy.complete_many(self.engine, self.table, tasks, values, now)
+            return self._bridge.call(
+                lambda: strategy.complete_many(self.engine, self.table, tasks, values, now)
+            )
 
     def fail(self, claimed: ClaimedTask, error: BaseException | str, *, retry: bool = True) -> bool:
         """Record ``error``; retry later with backoff while attempts remain, else mark FAILED.
@@ -451,8 +542,9 @@ class TaskQueue:
         claim's identity, but for lease recovery, whose error text says so.
         """
         _check_claimed(claimed)
+        strategy = self.strategy
         with self._database_errors():
-            found = self.strategy.claim_outcome(self.engine, self.table, claimed)
+            found = self._bridge.call(lambda: strategy.claim_outcome(self.engine, self.table, claimed))
         if found is None:
             return False
         status, last_error = found
@@ -465,13 +557,17 @@ class TaskQueue:
         if not claimed:
             return set()
         now = self.clock()
+        strategy = self.strategy
         with self._database_errors():
-            return self.strategy.extend(self.engine, self.table, claimed, now + self.lease, now)
+            return self._bridge.call(
+                lambda: strategy.extend(self.engine, self.table, claimed, now + self.lease, now)
+            )
 
     def _finish(self, claimed: ClaimedTask, values: dict[str, Any], now: datetime) -> bool:
         _check_claimed(claimed)
+        strategy = self.strategy
         with self._database_errors():
-            return self.strategy.finish(self.engine, self.table, claimed, values, now)
+            return self._bridge.call(lambda: strategy.finish(self.engine, self.table, claimed, values, now))
 
     def retry_delay(self, claimed: ClaimedTask) -> timedelta:
         """``retry_delay * 2**(attempts-1)``, plus up to 25% jitter, capped at ``max_retry_delay``."""
@@ -481,8 +577,15 @@ class TaskQueue:
 
     def cancel(self, task_id: int) -> bool:
         """Cancel a queued task so that it is never claimed; False if it is not queued."""
-        with self._database_errors(), self.strategy.transaction(self.engine) as conn:
-            return cancel_queued(conn, self.table, task_id, self.clock())
+        strategy = self.strategy
+        now = self.clock()
+
+        def cancel() -> bool:
+            with strategy.transaction(self.engine) as conn:
+                return cancel_queued(conn, self.table, task_id, now)
+
+        with self._database_errors():
+            return self._bridge.call(cancel)
 
     # Worker ----------------------------------------------------------------
 
@@ -508,10 +611,87 @@ class TaskQueue:
         worker.run()
         return worker
 
+    async def run_worker_async(
+        self,
+        *,
+        concurrency: int = 1,
+        queues: Sequence[str] | None = None,
+        burst: bool = False,
+        poll_interval: float = 1.0,
+        **options: Any,
+    ) -> Worker:
+        """Run a `Worker` from inside a running event loop (a FastAPI lifespan) without blocking it.
+
+        The worker's claim loop, slots and heartbeat run in threads, as with
+        `run_worker`; the loop stays free.  With an async engine the queue's
+        database calls, and ``async def`` tasks, run on this loop for as long
+        as the worker runs, so tasks share the application's engine and its
+        connections.  With a sync engine, ``async def`` tasks run on this loop
+        too.  Cancelling the awaiting task stops the worker gracefully, like
+        `Worker.stop`: no more claims, running tasks get ``shutdown_timeout``
+        seconds to finish, the rest are given back; the cancellation is
+        re-raised once that is done.  Returns the worker once it has stopped
+        (with ``burst``, once nothing is due).  Signals are left to the
+        application.  ``options`` are the rest of `Worker`'s arguments.
+        """
+        from sa_taskqueue.worker import Worker
+
+        loop = asyncio.get_running_loop()
+        options.setdefault("event_loop", loop)
+        worker = Worker(
+            self, concurrency=concurrency, queues=queues, burst=burst, poll_interval=poll_interval, **options
+        )
+        attached: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+        if self.is_async:
+            # Connections this queue keeps were opened on the engine's own
+            # loop; they go back to the pool before calls move to this loop.
+            await asyncio.to_thread(self.close)
+            attached = self._bridge.attached(loop)
+        with attached:
+            done: asyncio.Future[None] = loop.create_future()
+
+            def settle(error: BaseException | None) -> None:
+                if done.done():
+                    return
+                if error is None:
+                    done.set_result(None)
+                else:
+                    done.set_exception(error)
+
+            def run() -> None:
+                try:
+                    worker.run()
+                except BaseException as error:  # noqa: BLE001 - handed to the awaiting task
+                    loop.call_soon_threadsafe(settle, error)
+                else:
+                    loop.call_soon_threadsafe(settle, None)
+
+            threading.Thread(target=run, name="sa_taskqueue-worker", daemon=True).start()
+            try:
+                await asyncio.shield(done)
+            except asyncio.CancelledError:
+                worker.stop()
+                # The drain runs its database calls on this loop: it must keep running meanwhile.
+                await done
+                raise
+            finally:
+                if self.is_async and self._strategy is not None:
+                    await self._bridge.call_async(self._strategy.close)
+        return worker
+
+    def event_loop(self) -> asyncio.AbstractEventLoop:
+        """The loop an async engine's calls run on: ``run_worker_async``'s while it runs, else its own.
+
+        Raises `TypeError` for a queue on a sync engine, which needs none.
+        """
+        if not self.is_async:
+            raise TypeError("a TaskQueue on a sync Engine runs its database calls in the calling thread")
+        return self._bridge.loop()
+
     def close(self) -> None:
         """Release what the strategy holds: its kept connections and any advisory locks."""
         if self._strategy is not None:
-            self._strategy.close()
+            self._bridge.call(self._strategy.close)
 
     # Errors ----------------------------------------------------------------
 
@@ -519,15 +699,45 @@ class TaskQueue:
         return translate_database_errors(self.engine, self.table)
 
 
-def _engine_of(bind: Engine | sessionmaker[Session]) -> Engine:
+def _engine_of(bind: object) -> tuple[Engine, bool]:
+    """The synchronous engine the strategies run on, and whether it belongs to an `AsyncEngine`."""
     if isinstance(bind, Engine):
-        return bind
-    if isinstance(bind, sessionmaker):
-        engine = bind.kw.get("bind")
+        return bind, False
+    ext = asyncio_extension()  # None: no async object can exist, nothing imported it
+    if ext is not None and isinstance(bind, ext.AsyncEngine):
+        return bind.sync_engine, True
+    makers: tuple[type, ...] = (sessionmaker,) if ext is None else (sessionmaker, ext.async_sessionmaker)
+    if isinstance(bind, makers):
+        engine = cast("Any", bind).kw.get("bind")
         if isinstance(engine, Engine):
-            return engine
-        raise TypeError("the sessionmaker passed as bind is not bound to an Engine")
-    raise TypeError(f"bind must be an Engine or a sessionmaker, got {type(bind).__name__}")
+            return engine, False
+        if ext is not None and isinstance(engine, ext.AsyncEngine):
+            return engine.sync_engine, True
+        raise TypeError(f"the {type(bind).__name__} passed as bind is not bound to an engine")
+    raise TypeError(
+        "bind must be an Engine, an AsyncEngine, or a sessionmaker or async_sessionmaker bound to one, "
+        f"got {type(bind).__name__}"
+    )
+
+
+def _is_async_session(session: object) -> TypeGuard[AsyncSession | async_scoped_session[Any]]:
+    ext = asyncio_extension()
+    return ext is not None and isinstance(session, ext.AsyncSession | ext.async_scoped_session)
+
+
+async def _in_async_session(
+    session: AsyncSession | async_scoped_session[Any], work: Callable[[Session], T]
+) -> T:
+    """``work(sync_session)`` in the async session's greenlet, on the caller's loop and connection.
+
+    The same code as a sync enqueue, so a task added this way is checked,
+    flushed and announced (NOTIFY) exactly as one added with a `Session`.
+    """
+    # An async_scoped_session proxies to the AsyncSession of the current scope.
+    ext = asyncio_extension()
+    assert ext is not None  # an async session exists, so its module was imported
+    target = cast("AsyncSession", session() if isinstance(session, ext.async_scoped_session) else session)
+    return await target.run_sync(work)
 
 
 def _check_claimed(claimed: Any) -> None:

@@ -5,16 +5,16 @@ from __future__ import annotations
 import functools
 import inspect
 import random
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, cast, overload
 
 from sa_taskqueue import validation
 from sa_taskqueue.limits import ColumnLimits
-from sa_taskqueue.notify import current_session
 
 if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncSession, async_scoped_session
     from sqlalchemy.orm import Session, scoped_session
 
     from sa_taskqueue.model import TaskMixin
@@ -60,8 +60,25 @@ class RegisteredTask(Generic[P, R]):
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         return self.func(*args, **kwargs)
 
-    def enqueue(self, session: Session, /, **params: Any) -> TaskMixin:
-        """Add a run of this task with ``params`` to ``session`` (flushed, not committed)."""
+    @overload
+    def enqueue(self, session: Session | scoped_session[Any], /, **params: Any) -> TaskMixin: ...
+
+    @overload
+    def enqueue(
+        self, session: AsyncSession | async_scoped_session[Any], /, **params: Any
+    ) -> Coroutine[Any, Any, TaskMixin]: ...
+
+    def enqueue(
+        self,
+        session: Session | scoped_session[Any] | AsyncSession | async_scoped_session[Any],
+        /,
+        **params: Any,
+    ) -> TaskMixin | Coroutine[Any, Any, TaskMixin]:
+        """Add a run of this task with ``params`` to ``session`` (flushed, not committed).
+
+        With an `AsyncSession`, a coroutine to await; bad params raise here,
+        before it is returned.
+        """
         return self.queue.enqueue(session, self.name, params)
 
     def using(
@@ -83,6 +100,11 @@ class RegisteredTask(Generic[P, R]):
         one fails where it is written, not at a later enqueue.
         """
         return TaskWithOptions(self, queue, priority, run_at, delay, max_attempts)
+
+    @property
+    def is_async(self) -> bool:
+        """Whether the function is an ``async def``: the worker runs it on an event loop."""
+        return inspect.iscoroutinefunction(self.func)
 
     def check_params(self, params: Mapping[str, Any]) -> None:
         """Params the function can be called with, as the worker will call it (``func(**params)``).
@@ -169,10 +191,26 @@ class TaskWithOptions:
             self.max_attempts if max_attempts is None else max_attempts,
         )
 
-    def enqueue(self, session: Session | scoped_session[Any], /, **params: Any) -> TaskMixin:
-        """Add a run of the task with ``params`` and these options to ``session`` (flushed, not committed)."""
+    @overload
+    def enqueue(self, session: Session | scoped_session[Any], /, **params: Any) -> TaskMixin: ...
+
+    @overload
+    def enqueue(
+        self, session: AsyncSession | async_scoped_session[Any], /, **params: Any
+    ) -> Coroutine[Any, Any, TaskMixin]: ...
+
+    def enqueue(
+        self,
+        session: Session | scoped_session[Any] | AsyncSession | async_scoped_session[Any],
+        /,
+        **params: Any,
+    ) -> TaskMixin | Coroutine[Any, Any, TaskMixin]:
+        """Add a run of the task with ``params`` and these options to ``session`` (flushed, not committed).
+
+        With an `AsyncSession`, a coroutine to await, as `TaskQueue.enqueue`.
+        """
         return self.task.queue.enqueue(
-            current_session(session),
+            session,
             self.task.name,
             params,
             queue=self.queue_name,
@@ -181,6 +219,7 @@ class TaskWithOptions:
             max_attempts=self.max_attempts,
         )
 
+    @overload
     def enqueue_many(
         self,
         session: Session | scoped_session[Any],
@@ -188,10 +227,37 @@ class TaskWithOptions:
         /,
         *,
         chunk_size: int = 1000,
-    ) -> list[int] | None:
-        """One run per params dict, with these options, one INSERT per ``chunk_size``, as ``enqueue_many``."""
-        return self.task.queue.enqueue_many(
-            current_session(session),
+    ) -> list[int] | None: ...
+
+    @overload
+    def enqueue_many(
+        self,
+        session: AsyncSession | async_scoped_session[Any],
+        params_list: Iterable[dict[str, Any] | None],
+        /,
+        *,
+        chunk_size: int = 1000,
+    ) -> Coroutine[Any, Any, list[int] | None]: ...
+
+    def enqueue_many(
+        self,
+        session: Session | scoped_session[Any] | AsyncSession | async_scoped_session[Any],
+        params_list: Iterable[dict[str, Any] | None],
+        /,
+        *,
+        chunk_size: int = 1000,
+    ) -> list[int] | Coroutine[Any, Any, list[int] | None] | None:
+        """One run per params dict, with these options, one INSERT per ``chunk_size``, as ``enqueue_many``.
+
+        With an `AsyncSession`, a coroutine to await.
+        """
+        # (One call for every kind of session: the queue's overloads pick the return type.)
+        enqueue_many = cast(
+            "Callable[..., list[int] | Coroutine[Any, Any, list[int] | None] | None]",
+            self.task.queue.enqueue_many,
+        )
+        return enqueue_many(
+            session,
             self.task.name,
             params_list,
             queue=self.queue_name,

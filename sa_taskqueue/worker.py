@@ -7,10 +7,17 @@ leases of running tasks every third of the lease, on connections of its own.
 On PostgreSQL an idle worker sleeps on LISTEN and is woken by the NOTIFY an
 enqueue sends at commit; elsewhere it polls, backing off from a short
 interval after work to ``poll_interval`` when idle.
+
+An ``async def`` task runs on an event loop while its slot's thread waits
+for it: the loop of the queue's async engine (so the task can use the
+application's async engine and sessions), the loop given as ``event_loop``
+(``run_worker_async`` passes the application's), or else one loop of the
+worker's own, started with the first such task and stopped with the worker.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import random
@@ -24,14 +31,14 @@ from functools import partial
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from sa_taskqueue.backends import backend_for
 from sa_taskqueue.claimed import ClaimedTask
 from sa_taskqueue.completions import Completions
 from sa_taskqueue.error_text import error_message
+from sa_taskqueue.event_loop_bridge import LoopThread
 from sa_taskqueue.exceptions import DatabaseError, DatabaseUnavailable, MalformedTask, TaskNotRegistered
-from sa_taskqueue.execution import ChildProcess, GivenBack, Outcome, run_in_thread
+from sa_taskqueue.execution import ChildProcess, GivenBack, Outcome, run_in_thread, run_on_loop
 from sa_taskqueue.log_fields import task_fields
-from sa_taskqueue.notify import Listener
+from sa_taskqueue.notify import Listener, can_listen
 from sa_taskqueue.validation import is_storable
 from sa_taskqueue.watchdog import Watchdog, kill_at, register_child
 
@@ -58,6 +65,7 @@ class _Running:
 
     task: ClaimedTask
     child: ChildProcess | None = None
+    coroutine: Future[Outcome] | None = None  # an async def task's run on its loop
     given_back: bool = False
     finished: bool = False  # the run is over; only its outcome is being written
     completing: bool = False  # its success waits in, or is in, a batch being written
@@ -97,6 +105,11 @@ class Worker:
     running twice at once (an embedded worker in an interactive session).
     Under process isolation a task whose lease cannot be renewed in time is
     stopped by the worker itself, which then lives on.
+
+    ``event_loop`` is where ``async def`` tasks run under thread isolation:
+    by default the loop of the queue's async engine, or, for a sync engine,
+    one loop of the worker's own.  Under process isolation each runs on a
+    loop of its child's own.
     """
 
     def __init__(
@@ -115,6 +128,7 @@ class Worker:
         on_success: SuccessHook | None = None,
         on_failure: FailureHook | None = None,
         watchdog: bool = True,
+        event_loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
         if not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 1:
             raise ValueError(f"concurrency must be a positive integer, got {concurrency!r}")
@@ -152,6 +166,8 @@ class Worker:
         self._lock = threading.Lock()
         self._completions = Completions(self._write_successes, self._record_success)
         self._database_down = False
+        self._event_loop = event_loop
+        self._own_loop: LoopThread | None = None
 
     # Control ---------------------------------------------------------------
 
@@ -177,7 +193,7 @@ class Worker:
         background: list[threading.Thread] = [
             threading.Thread(target=self._heartbeat, name="sa_taskqueue-heartbeat", daemon=True)
         ]
-        if self.listen and not self.burst and backend_for(self.queue.engine.dialect).listen:
+        if self.listen and not self.burst and can_listen(self.queue.engine):
             background.append(Listener(self.queue.engine, self.queue.table, self._notified, self._stopped))
         logger.info(
             "worker %s started: strategy=%s concurrency=%d isolation=%s queues=%s",
@@ -204,6 +220,9 @@ class Worker:
             if self._watchdog is not None:
                 self._watchdog.close()
                 self._watchdog = None
+            if self._own_loop is not None:
+                self._own_loop.stop()
+                self._own_loop = None
             restore_signals()
             logger.info(
                 "worker %s stopped: %d done, %d failed, %d given back",
@@ -298,6 +317,8 @@ class Worker:
                 slot.given_back = True
                 if slot.child is not None:
                     slot.child.kill()
+                if slot.coroutine is not None:
+                    slot.coroutine.cancel()  # an async task stops at its next await
             try:
                 released = self.queue.release(slot.task)
             except DatabaseUnavailable as error:
@@ -358,7 +379,13 @@ class Worker:
         else:
             if slot.given_back:
                 return
-            outcome = run_in_thread(registered.func, task.params, registered.options.timeout)
+            if registered.is_async:
+                timeout = registered.options.timeout
+                outcome = run_on_loop(
+                    registered.func, task.params, timeout, self._task_loop(), partial(self._started, slot)
+                )
+            else:
+                outcome = run_in_thread(registered.func, task.params, registered.options.timeout)
         self._finished(slot)
         if slot.given_back or isinstance(outcome.error, GivenBack):
             return
@@ -395,6 +422,23 @@ class Worker:
             )
             self._record(task, outcome)
             self._hook(self.on_failure, task, outcome.error)
+
+    def _started(self, slot: _Running, future: Future[Outcome]) -> bool:
+        """Keep an async run's future, for giving it back; False if it was given back already."""
+        with slot.lock:
+            slot.coroutine = future
+            return not slot.given_back
+
+    def _task_loop(self) -> asyncio.AbstractEventLoop:
+        """The loop ``async def`` tasks run on (see the class docstring)."""
+        if self._event_loop is not None:
+            return self._event_loop
+        if self.queue.is_async:
+            return self.queue.event_loop()
+        with self._lock:
+            if self._own_loop is None:
+                self._own_loop = LoopThread("sa_taskqueue-tasks")
+            return self._own_loop.loop
 
     def _watchdog_lost(self, error: OSError) -> None:
         logger.error(
@@ -576,6 +620,11 @@ class Worker:
                 slot.given_back = True
                 slot.child.kill()
             logger.warning("task %d %s: %s; its process was stopped", *_ids(slot.task), why)
+        elif slot.coroutine is not None:
+            with slot.lock:
+                slot.given_back = True
+                slot.coroutine.cancel()
+            logger.warning("task %d %s: %s; it was cancelled", *_ids(slot.task), why)
         else:
             logger.error(
                 "task %d %s: %s, and a thread cannot be stopped: another worker may run it meanwhile",

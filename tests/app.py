@@ -11,12 +11,14 @@ from __future__ import annotations
 import argparse
 import ctypes
 import ctypes.util
+import functools
 import json
 import os
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
@@ -41,15 +43,37 @@ class Execution(AppBase):
     note: Mapped[str] = mapped_column(sa.String(50), default="")
 
 
+#: Set (by ``--async-driver``) to run every queue below on an AsyncEngine of that driver.
+ASYNC_DRIVER_VARIABLE = "SA_TASKQUEUE_TEST_ASYNC_DRIVER"
+
+
 def make_engine(url: str) -> sa.Engine:
     return sa.create_engine(url, pool_size=10, max_overflow=20)
+
+
+@functools.cache
+def async_engine(url: str, driver: str) -> Any:
+    """One AsyncEngine per database and driver for the whole process: queues share its loop and pool."""
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    from tests.backends import async_url
+
+    return create_async_engine(async_url(url, driver), pool_size=10, max_overflow=20)
+
+
+def queue_bind(engine: sa.Engine) -> Any:
+    """What the test application's queue is built on: ``engine``, or its async twin under --async-driver."""
+    driver = os.environ.get(ASYNC_DRIVER_VARIABLE)
+    if not driver:
+        return engine
+    return async_engine(engine.url.render_as_string(hide_password=False), driver)
 
 
 def make_queue(
     engine: sa.Engine, strategy: str | None, lease: timedelta, clock: Callable[[], datetime] = utcnow
 ) -> tq.TaskQueue:
     """The test application's queue with its tasks registered, reading the time from ``clock``."""
-    queue = tq.TaskQueue(engine, strategy=strategy, lease=lease, clock=clock)
+    queue = tq.TaskQueue(queue_bind(engine), strategy=strategy, lease=lease, clock=clock)
 
     @queue.task(name="record")
     def record(key: int, sleep: float = 0.0) -> int:

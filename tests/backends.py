@@ -64,6 +64,26 @@ STRATEGIES: dict[str, list[str]] = {
     "oracle": ["skip_locked"],
 }
 
+#: The asyncio drivers each backend is live-tested through (``--async-driver``),
+#: the first being the default of the async tests.  ``mysql`` reaches the local
+#: MariaDB, as its sync tests do.
+ASYNC_DRIVERS: dict[str, list[str]] = {
+    "sqlite": ["aiosqlite"],
+    "postgres": ["psycopg", "asyncpg"],
+    "postgres18": ["psycopg", "asyncpg"],
+    "mysql": ["aiomysql"],
+    "mariadb": ["aiomysql"],
+    "oracle": ["oracledb"],
+}
+
+
+def async_url(url: str, driver: str) -> str:
+    """The backend's ``url`` through the asyncio ``driver`` (same server, database and login)."""
+    parsed = sa.make_url(url)
+    through = parsed.set(drivername=f"{parsed.get_backend_name()}+{driver}")
+    return through.render_as_string(hide_password=False)
+
+
 #: The development machine's servers.  Both MySQL-family backends reach the
 #: local MariaDB: through a ``mysql://`` URL, where SQLAlchemy's dialect is
 #: "mysql" (with ``is_mariadb``), and through ``mariadb://``, where it is

@@ -7,6 +7,14 @@ run once per strategy that backend supports.  A test that needs a capability
 database's backend lacks it, and the run's summary says which and why.  A
 test about one database's own behaviour (an error code, a planner's habit)
 is marked ``@pytest.mark.backends(...)`` and deselected elsewhere.
+
+``--async-driver NAME`` (or ``SA_TASKQUEUE_TEST_ASYNC_DRIVER``) runs the same
+suite with every test application queue on an `AsyncEngine` of that driver
+(``aiosqlite``, ``psycopg``, ``asyncpg``, ``aiomysql``, ``asyncmy``): the
+claims, workers and worker processes then go through the async path, while
+the tests read and write their rows with the sync engine as before.  Tests
+about the async path itself live in ``tests/test_async_*.py``, marked
+``async_path``; they pick a driver of their own when none is given.
 """
 
 from __future__ import annotations
@@ -23,8 +31,8 @@ from sqlalchemy.orm import Session
 import sa_taskqueue as tq
 from sa_taskqueue.backends import Backend as DatabaseBackend
 from sa_taskqueue.backends import backend_for
-from tests.app import AppBase, make_engine, make_queue
-from tests.backends import STRATEGIES, Backend, Unavailable, provision
+from tests.app import ASYNC_DRIVER_VARIABLE, AppBase, make_engine, make_queue
+from tests.backends import ASYNC_DRIVERS, STRATEGIES, Backend, Unavailable, provision
 from tests.link import Link
 
 BACKENDS = sorted(STRATEGIES)
@@ -57,9 +65,25 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         choices=BACKENDS,
         help="the database to run the suite against",
     )
+    parser.addoption(
+        "--async-driver",
+        default=os.environ.get(ASYNC_DRIVER_VARIABLE) or None,
+        choices=sorted({driver for drivers in ASYNC_DRIVERS.values() for driver in drivers}),
+        help="run the test application's queues on an AsyncEngine of this driver",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    backend = config.getoption("--backend")
+    driver = config.getoption("--async-driver")
+    if driver is not None:
+        if driver not in ASYNC_DRIVERS[backend]:
+            known = ", ".join(ASYNC_DRIVERS[backend]) or "none"
+            raise pytest.UsageError(f"--async-driver {driver} does not reach {backend} (drivers: {known})")
+        # Worker processes the tests start (tests.app, the command line) read it too.
+        os.environ[ASYNC_DRIVER_VARIABLE] = driver
+    else:
+        os.environ.pop(ASYNC_DRIVER_VARIABLE, None)
     config.addinivalue_line("markers", "backends(*names): about these databases' own behaviour")
     config.addinivalue_line("markers", "requires(*capabilities): needs these capabilities of the backend")
 
@@ -106,7 +130,9 @@ DESELECTED = pytest.StashKey[dict[str, int]]()
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
     reasons = config.stash.get(DESELECTED, {})
     if reasons:
-        terminalreporter.section(f"deselected on {config.getoption('--backend')}")
+        driver = config.getoption("--async-driver")
+        through = f" through {driver}" if driver else ""
+        terminalreporter.section(f"deselected on {config.getoption('--backend')}{through}")
         for reason, count in sorted(reasons.items()):
             terminalreporter.line(f"{count} test(s): {reason}")
 

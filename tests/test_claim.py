@@ -203,7 +203,7 @@ def test_a_worker_that_lost_its_task_cannot_overwrite_the_new_holders_outcome(
     if strategy_name == "advisory_lock":
         # Advisory locks outlive any lease: the task is lost when the holder's
         # lock goes, as when its connection drops.
-        queue.strategy.close()
+        queue.close()  # the strategy's connections, through the queue (on an async engine, its loop)
     let_the_claim_go(queue, clock, strategy_name, lease)
     [second] = queue.claim(worker_id="second")
     assert (second.id, second.attempts) == (task_id, 2)
