@@ -75,7 +75,13 @@ def _readme_example_setting(request: pytest.FixtureRequest) -> Iterator[None]:
         monkeypatch.delenv("DATABASE_URL", raising=False)
         yield
         return
-    monkeypatch.setenv("DATABASE_URL", url)
+    definition = getattr(request.node, "test_definition", None)
+    if "async_driver" in getattr(definition, "fixture_names", ()):
+        from tests.async_drivers import async_url
+
+        monkeypatch.setenv("DATABASE_URL", async_url(url))
+    else:
+        monkeypatch.setenv("DATABASE_URL", url)
     engine = sa.create_engine(url)
     try:
         before = set(sa.inspect(engine).get_table_names())
@@ -90,10 +96,8 @@ def _readme_example_setting(request: pytest.FixtureRequest) -> Iterator[None]:
 
 
 @pytest.fixture
-def async_driver(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``DATABASE_URL`` in asyncio form, for an example on an AsyncEngine (``fixture:async_driver``)."""
-    url: str | None = request.getfixturevalue("readme_database_url")
-    if url is not None:
-        from tests.async_drivers import async_url
+def async_driver() -> None:
+    """Named by a fence on an AsyncEngine (``fixture:async_driver``): its ``DATABASE_URL`` is in asyncio form.
 
-        monkeypatch.setenv("DATABASE_URL", async_url(url))
+    `_readme_example_setting` reads the name from the fence and sets the URL.
+    """
