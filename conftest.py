@@ -52,6 +52,8 @@ def readme_database_url(
     if name == "sqlite":
         yield None
         return
+    if name == "oracle":
+        pytest.skip("the README's examples use plain integer primary keys; Oracle needs an Identity")
     from tests.backends import Unavailable, provision
 
     try:
