@@ -33,11 +33,39 @@ FULL_SUITE_SERIES = SQLALCHEMY_SERIES[-1]
 COMPILE_BYTECODE = {"UV_COMPILE_BYTECODE": "1"}
 
 
+#: What runs again through each asyncio driver on an AsyncEngine: the claim's exclusivity, the worker's
+#: runs, the races between worker processes and the async API itself.  The rest
+#: of the suite tests what the engine kind does not change.
+ASYNC_CONFORMANCE = [
+    "tests/test_claim.py",
+    "tests/test_worker.py",
+    "tests/test_processes.py",
+    "tests/test_async_queue.py",
+]
+
+
 def _tests(session: nox.Session, backend: str, sqlalchemy: str) -> None:
     session.install("-e", ".[test]", f"SQLAlchemy~={sqlalchemy}.0", env=COMPILE_BYTECODE)
     session.run("python", "-c", "import sqlalchemy; print('SQLAlchemy', sqlalchemy.__version__)")
     selection = [] if sqlalchemy == FULL_SUITE_SERIES else ["-m", "not slow"]
     session.run("pytest", "--backend", backend, *selection, *session.posargs)
+    if sqlalchemy == FULL_SUITE_SERIES:
+        for driver in _async_drivers(session, backend):
+            session.run(
+                "pytest", "--backend", backend, "--async-driver", driver, *session.posargs, *ASYNC_CONFORMANCE
+            )
+
+
+def _async_drivers(session: nox.Session, backend: str) -> list[str]:
+    """The asyncio drivers the suite knows for ``backend`` (tests/backends.py keeps the list)."""
+    listed = session.run(
+        "python",
+        "-c",
+        "import sys; from tests.backends import ASYNC_DRIVERS; print(*ASYNC_DRIVERS[sys.argv[1]])",
+        backend,
+        silent=True,
+    )
+    return str(listed).split()
 
 
 def _make_session(backend: str) -> None:

@@ -10,8 +10,8 @@ claims from the table it made, a second autogenerate must find nothing to
 change, and ``downgrade base`` removes it all.
 
 An ``env.py`` that sets nothing but ``target_metadata`` sees every table in
-the database, so these tests run on a database holding none but their own:
-the suite's tables are dropped first and made again afterwards.
+the database, so these tests run on a database of their own on the same
+server, empty when each test starts and dropped when it ends.
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ from sqlalchemy.orm import Session
 import sa_taskqueue as tq
 from sa_taskqueue import migrate
 from sa_taskqueue.alembic import OUR_TYPES, include_object, physical_type_source, render_item
-from tests.app import AppBase
 from tests.backends import Backend
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -201,37 +200,53 @@ def _drop(engine: sa.Engine, *names: str) -> None:
             sa.Table(name, sa.MetaData()).drop(connection, checkfirst=True)
 
 
-def _suite_tables() -> list[sa.MetaData]:
-    return [AppBase.metadata, tq.metadata]
+@dataclass(frozen=True)
+class Scratch:
+    """A database of the backend's server holding no tables, made for one test and dropped after it."""
+
+    url: str
+    engine: sa.Engine
 
 
 @pytest.fixture
-def bare_database(engine: sa.Engine) -> Iterator[None]:
-    """A database with no tables at all; afterwards, the suite's tables again."""
-
-    def clear() -> None:
+def scratch(backend: Backend, tmp_path: Path) -> Iterator[Scratch]:
+    """An empty database beside the suite's: an ``env.py`` that sets only ``target_metadata`` sees
+    every table of its database, so these tests must not share one with the rest of the suite."""
+    url = sa.make_url(backend.url)
+    if backend.is_sqlite:
+        scratch_url = url.set(database=str(tmp_path / "scratch.db"))
+        engine = sa.create_engine(scratch_url, poolclass=sa.pool.NullPool)
+        yield Scratch(scratch_url.render_as_string(hide_password=False), engine)
         engine.dispose()
-        for metadata in _suite_tables():
-            metadata.drop_all(engine)
-        _drop(engine, *_our_tables(engine), APP_VERSION_TABLE, migrate.VERSION_TABLE)
-        engine.dispose()
-
-    clear()
-    left = sa.inspect(engine).get_table_names()
-    if left:
-        pytest.fail(f"the test database holds tables these tests would see as the application's: {left}")
+        return
+    # One per test database, so sessions running side by side on one server never share it.
+    name = f"{url.database}_autogen"
+    admin = sa.create_engine(
+        url.set(database="postgres" if backend.is_postgres else url.database),
+        isolation_level="AUTOCOMMIT",
+        poolclass=sa.pool.NullPool,
+    )
+    quoted = admin.dialect.identifier_preparer.quote(name)
+    # PostgreSQL refuses to drop a database someone is connected to; FORCE ends those sessions.
+    force = " WITH (FORCE)" if backend.is_postgres else ""
+    with admin.connect() as connection:
+        connection.exec_driver_sql(f"DROP DATABASE IF EXISTS {quoted}{force}")
+        connection.exec_driver_sql(f"CREATE DATABASE {quoted}")
+    scratch_url = url.set(database=name)
+    engine = sa.create_engine(scratch_url, poolclass=sa.pool.NullPool)
     try:
-        yield
+        yield Scratch(scratch_url.render_as_string(hide_password=False), engine)
     finally:
-        clear()
-        for metadata in _suite_tables():
-            metadata.create_all(engine)
+        engine.dispose()
+        with admin.connect() as connection:
+            connection.exec_driver_sql(f"DROP DATABASE IF EXISTS {quoted}{force}")
+        admin.dispose()
 
 
 @pytest.fixture
-def project(tmp_path: Path, backend: Backend) -> Project:
+def project(tmp_path: Path, scratch: Scratch) -> Project:
     suffix = uuid.uuid4().hex[:8]
-    return Project(tmp_path / "app", backend.url, f"{PREFIX}jobs_{suffix}", f"{PREFIX}customers_{suffix}")
+    return Project(tmp_path / "app", scratch.url, f"{PREFIX}jobs_{suffix}", f"{PREFIX}customers_{suffix}")
 
 
 def _function_bodies(source: str) -> dict[str, list[str]]:
@@ -310,10 +325,11 @@ def test_a_datetime_column_is_written_with_a_variant_per_database_type() -> None
     )
 
 
-@pytest.mark.usefixtures("bare_database")
+@pytest.mark.backends("sqlite", "postgres", "postgres18", "mysql", "mariadb")
 def test_autogenerate_upgrade_claim_no_drift_then_downgrade(
-    project: Project, engine: sa.Engine, backend: Backend
+    project: Project, scratch: Scratch, backend: Backend
 ) -> None:
+    engine = scratch.engine
     project.write(HOOK)
 
     first = project.autogenerate("jobs and customers").read_text()
@@ -385,10 +401,11 @@ def test_autogenerate_upgrade_claim_no_drift_then_downgrade(
         assert connection.scalar(sa.text(f"SELECT COUNT(*) FROM {APP_VERSION_TABLE}")) == 0
 
 
-@pytest.mark.usefixtures("bare_database")
+@pytest.mark.backends("sqlite", "postgres", "postgres18", "mysql", "mariadb")
 def test_without_the_hook_the_revision_cannot_run(
-    project: Project, engine: sa.Engine, backend: Backend
+    project: Project, scratch: Scratch, backend: Backend
 ) -> None:
+    engine = scratch.engine
     project.write()
 
     first = project.autogenerate("jobs and customers").read_text()
@@ -414,12 +431,13 @@ def test_without_the_hook_the_revision_cannot_run(
         )
 
 
-@pytest.mark.usefixtures("bare_database")
+@pytest.mark.backends("sqlite", "postgres", "postgres18", "mysql", "mariadb")
 def test_the_librarys_migrations_and_the_applications_share_one_database(
-    project: Project, engine: sa.Engine, backend: Backend
+    project: Project, scratch: Scratch, backend: Backend
 ) -> None:
-    migrate.upgrade(backend.url)
-    library_head = migrate.alembic_config(backend.url)
+    engine, url = scratch.engine, scratch.url
+    migrate.upgrade(url)
+    library_head = migrate.alembic_config(url)
 
     # Without the filter, the application's autogenerate would drop our table and our history.
     project.write(HOOK)
@@ -450,7 +468,7 @@ def test_the_librarys_migrations_and_the_applications_share_one_database(
     engine.dispose()
     assert _our_tables(engine) == []
     assert sa.inspect(engine).has_table("sa_taskqueue_task")
-    migrate.downgrade(backend.url)
+    migrate.downgrade(url)
     engine.dispose()
     assert not sa.inspect(engine).has_table("sa_taskqueue_task")
 
