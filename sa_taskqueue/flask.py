@@ -25,9 +25,10 @@ Needs the ``flask`` extra (``pip install 'sa_taskqueue[flask]'``).
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
 import click
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
 
 P = ParamSpec("P")
 R = TypeVar("R")
+T = TypeVar("T")
 
 #: Where the extension keeps itself in ``app.extensions``.
 EXTENSION_NAME = "sa_taskqueue"
@@ -133,6 +135,8 @@ class TaskQueueExtension:
 
     def _in_app_context(self, func: Callable[P, R]) -> Callable[P, R]:
         app = self.app
+        if inspect.iscoroutinefunction(func):
+            return self._in_app_context_async(func)
 
         # functools.wraps keeps the name the task registers under and, through
         # __wrapped__, the signature enqueue checks params against.
@@ -145,6 +149,19 @@ class TaskQueueExtension:
                 return func(*args, **kwargs)
 
         return in_app_context
+
+    def _in_app_context_async(self, func: Callable[P, Awaitable[T]]) -> Callable[P, R]:
+        """The same for an ``async def`` task, which must stay a coroutine function to be run as one."""
+        app = self.app
+
+        @functools.wraps(func)
+        async def in_app_context(*args: P.args, **kwargs: P.kwargs) -> T:
+            if has_app_context() and current_app._get_current_object() is app:  # type: ignore[attr-defined]
+                return await func(*args, **kwargs)
+            with app.app_context():  # Flask's context is a contextvar: it follows the coroutine
+                return await func(*args, **kwargs)
+
+        return in_app_context  # type: ignore[return-value]
 
 
 def extension_of(app: Flask) -> TaskQueueExtension:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 import pytest
-from flask import Flask
+from flask import Flask, current_app
 from flask_sqlalchemy import SQLAlchemy
 
 import sa_taskqueue as tq
@@ -74,3 +75,23 @@ def test_init_app_needs_the_app_s_sqlalchemy(tmp_path: Path) -> None:
         TaskQueueExtension(app)
     with pytest.raises(RuntimeError, match="has no TaskQueueExtension"):
         extension_of(app)
+
+
+def test_an_async_task_stays_a_coroutine_function_and_runs_in_the_app_s_context(tmp_path: Path) -> None:
+    app, db = make_app(tmp_path)
+    tasks = TaskQueueExtension(app, db)
+    seen: list[tuple[str, str]] = []
+
+    @tasks.task(name="greet")
+    async def greet(who: str) -> None:
+        seen.append((current_app.name, who))
+
+    assert inspect.iscoroutinefunction(greet.func)
+    with app.app_context():
+        tq.metadata.create_all(db.engine)
+        greet.enqueue(db.session, who="ada")
+        db.session.commit()
+
+    tasks.queue.run_worker(burst=True)
+
+    assert seen == [("shop", "ada")]
