@@ -85,7 +85,9 @@ for _backend in BACKENDS:
 def lint(session: nox.Session) -> None:
     """ruff on everything, mypy --strict on the package."""
     session.install("-e", ".[lint]")
-    session.run("ruff", "check", "sa_taskqueue", "tests", "alembic", "examples", "benchmarks", "conftest.py", "noxfile.py")
+    session.run(
+        "ruff", "check", "sa_taskqueue", "tests", "alembic", "examples", "benchmarks", "conftest.py", "noxfile.py"
+    )
     session.run("mypy", "--strict", "sa_taskqueue")
 
 
