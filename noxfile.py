@@ -86,7 +86,8 @@ def lint(session: nox.Session) -> None:
     """ruff on everything, mypy --strict on the package."""
     session.install("-e", ".[lint]")
     session.run(
-        "ruff", "check", "sa_taskqueue", "tests", "alembic", "examples", "benchmarks", "conftest.py", "noxfile.py"
+        "ruff", "check", "sa_taskqueue", "tests", "alembic", "examples", "benchmarks", "conftest.py",
+        "noxfile.py",
     )
     session.run("mypy", "--strict", "sa_taskqueue")
 
