@@ -251,48 +251,70 @@ def configure_logging(log_format: str, level: str) -> None:
     root.setLevel(level.upper())
 
 
+#: The options of every command that runs a worker: ``sa-taskqueue worker`` and
+#: ``flask sa-taskqueue worker`` (`sa_taskqueue.flask`), so the two read alike.
+WORKER_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
+    click.option(
+        "--concurrency", default=1, show_default=True, type=cli_params.CONCURRENCY, help="Tasks at once."
+    ),
+    click.option("--queues", default=None, help="Comma-separated queues to serve (default: all)."),
+    click.option(
+        "--isolation",
+        type=click.Choice(["thread", "process"]),
+        default="thread",
+        show_default=True,
+        help="Run each task in a thread, or in a child process of its own (a crash fails that task alone).",
+    ),
+    click.option("--burst", is_flag=True, help="Exit once nothing is due."),
+    click.option(
+        "--poll-interval",
+        default=1.0,
+        show_default=True,
+        type=cli_params.POLL_INTERVAL,
+        help="The longest wait in seconds between polls while idle.",
+    ),
+    click.option(
+        "--shutdown-timeout",
+        default=30.0,
+        show_default=True,
+        type=cli_params.SHUTDOWN_TIMEOUT,
+        help="Seconds running tasks get to finish after SIGTERM before they are given back.",
+    ),
+    click.option(
+        "--log-format",
+        type=click.Choice(["text", "json"]),
+        default="text",
+        show_default=True,
+        help=(
+            "Log lines as text, or as one JSON object each with the task's fields "
+            "(task_id, duration_ms, ...)."
+        ),
+    ),
+    click.option(
+        "--log-level",
+        type=click.Choice(["debug", "info", "warning", "error"]),
+        default="info",
+        show_default=True,
+        help="The least severe log lines written.",
+    ),
+]
+
+
+def worker_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Add `WORKER_OPTIONS` to a click command, in the order ``--help`` lists them."""
+    for option in reversed(WORKER_OPTIONS):
+        command = option(command)
+    return command
+
+
+def parse_queues(queues: str | None) -> list[str] | None:
+    """``--queues a,b``: the queue names, or None (every queue) when not given."""
+    return [q.strip() for q in queues.split(",") if q.strip()] if queues else None
+
+
 @cli.command()
 @click.argument("app")
-@click.option(
-    "--concurrency", default=1, show_default=True, type=cli_params.CONCURRENCY, help="Tasks at once."
-)
-@click.option("--queues", default=None, help="Comma-separated queues to serve (default: all).")
-@click.option(
-    "--isolation",
-    type=click.Choice(["thread", "process"]),
-    default="thread",
-    show_default=True,
-    help="Run each task in a thread, or in a child process of its own (a crash fails that task alone).",
-)
-@click.option("--burst", is_flag=True, help="Exit once nothing is due.")
-@click.option(
-    "--poll-interval",
-    default=1.0,
-    show_default=True,
-    type=cli_params.POLL_INTERVAL,
-    help="The longest wait in seconds between polls while idle.",
-)
-@click.option(
-    "--shutdown-timeout",
-    default=30.0,
-    show_default=True,
-    type=cli_params.SHUTDOWN_TIMEOUT,
-    help="Seconds running tasks get to finish after SIGTERM before they are given back.",
-)
-@click.option(
-    "--log-format",
-    type=click.Choice(["text", "json"]),
-    default="text",
-    show_default=True,
-    help="Log lines as text, or as one JSON object each with the task's fields (task_id, duration_ms, ...).",
-)
-@click.option(
-    "--log-level",
-    type=click.Choice(["debug", "info", "warning", "error"]),
-    default="info",
-    show_default=True,
-    help="The least severe log lines written.",
-)
+@worker_options
 @click.pass_context
 def worker(
     ctx: click.Context,
@@ -321,7 +343,7 @@ def worker(
             queue.strategy  # noqa: B018 - connect now: a bad server fails here, in one line
             worker_ = queue.run_worker(
                 concurrency=concurrency,
-                queues=[q.strip() for q in queues.split(",") if q.strip()] if queues else None,
+                queues=parse_queues(queues),
                 burst=burst,
                 poll_interval=poll_interval,
                 isolation=isolation,

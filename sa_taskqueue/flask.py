@@ -35,7 +35,7 @@ import click
 from flask import Flask, current_app, has_app_context
 from flask.cli import with_appcontext
 
-from sa_taskqueue import cli_params
+from sa_taskqueue.cli import configure_logging, parse_queues, worker_options
 from sa_taskqueue.model import Task, TaskMixin
 from sa_taskqueue.queue import TaskQueue
 from sa_taskqueue.registered import RegisteredTask
@@ -180,14 +180,7 @@ def _command_group() -> click.Group:
         pass
 
     @group.command("worker")
-    @click.option("--concurrency", default=1, show_default=True, type=cli_params.CONCURRENCY)
-    @click.option("--queues", default=None, help="Comma-separated queues to serve (default: all).")
-    @click.option(
-        "--isolation", type=click.Choice(["thread", "process"]), default="thread", show_default=True
-    )
-    @click.option("--burst", is_flag=True, help="Exit once nothing is due.")
-    @click.option("--poll-interval", default=1.0, show_default=True, type=cli_params.POLL_INTERVAL)
-    @click.option("--shutdown-timeout", default=30.0, show_default=True, type=cli_params.SHUTDOWN_TIMEOUT)
+    @worker_options
     @with_appcontext
     def worker(
         concurrency: int,
@@ -196,12 +189,15 @@ def _command_group() -> click.Group:
         burst: bool,
         poll_interval: float,
         shutdown_timeout: float,
+        log_format: str,
+        log_level: str,
     ) -> None:
         """Run a worker for the app's queue until SIGTERM (or, with --burst, until nothing is due)."""
+        configure_logging(log_format, log_level)
         queue = extension_of(current_app._get_current_object()).queue  # type: ignore[attr-defined]
         ran = queue.run_worker(
             concurrency=concurrency,
-            queues=[name.strip() for name in queues.split(",") if name.strip()] if queues else None,
+            queues=parse_queues(queues),
             burst=burst,
             poll_interval=poll_interval,
             isolation=isolation,
