@@ -237,14 +237,26 @@ def latency_section(run: Run) -> dict[str, Any]:
 
 
 def peers_row(run: Run, url: str, w: int, b: int) -> dict[str, Any]:
-    """One W/B cell of the peers table: every implementation's drain, and ours against the best peer."""
+    """One W/B cell of the peers table: every implementation's drain, ours against the best peer.
+
+    The async queue is also set against the same loop on bare asyncpg, as the
+    drain table sets the sync one against psycopg: what the library costs there.
+    """
     rates, once = repeated_drains(
         lambda name: worker_drain(name, url, run.args.peer_tasks, w, b), IMPLEMENTATIONS, run.args.repeats
     )
     figures = {name: spread(values) for name, values in rates.items()}
     best_peer = max(figures[name]["median"] for name in PEERS)
     lead = figures["sa_taskqueue"]["median"] / best_peer
-    return {"workers": w, "batch": b, **figures, "vs_best_peer": lead, "exactly_once": once}
+    async_cost = figures["sa_taskqueue_async"]["median"] / figures["raw_asyncpg"]["median"]
+    return {
+        "workers": w,
+        "batch": b,
+        **figures,
+        "vs_best_peer": lead,
+        "async_vs_raw_asyncpg": async_cost,
+        "exactly_once": once,
+    }
 
 
 def peers_section(run: Run) -> dict[str, Any]:
@@ -262,7 +274,14 @@ def peers_section(run: Run) -> dict[str, Any]:
     table = new_table(
         f"worker drain on PostgreSQL, tasks/s, {args.peer_tasks} no-op tasks, "
         f"median (min-max) of {args.repeats}",
-        ("W", "B", *IMPLEMENTATIONS, "sa_taskqueue vs best peer", "exactly once"),
+        (
+            "W",
+            "B",
+            *IMPLEMENTATIONS,
+            "sa_taskqueue vs best peer",
+            "sa_taskqueue_async / raw_asyncpg",
+            "exactly once",
+        ),
     )
     rows = []
     for w in run.workers:
@@ -274,6 +293,7 @@ def peers_section(run: Run) -> dict[str, Any]:
                 str(b),
                 *(fmt(row[name]) for name in IMPLEMENTATIONS),
                 f"{row['vs_best_peer']:.2f}x",
+                f"{row['async_vs_raw_asyncpg']:.0%}",
                 yes_no(row["exactly_once"]),
             )
     run.console.print(table)

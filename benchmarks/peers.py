@@ -1,4 +1,4 @@
-"""Worker against worker: sa_taskqueue, Procrastinate and PgQueuer on one PostgreSQL server, in one run.
+"""Worker against worker on one PostgreSQL server: sa_taskqueue, a raw asyncpg loop, Procrastinate, PgQueuer.
 
 Each peer gets a database of its own, created for the run and dropped after
 it, with its schema installed by its own tooling.  Each implementation runs W
@@ -10,6 +10,10 @@ until the queue is empty, configured as its documentation says for throughput:
 - sa_taskqueue async: the same through an AsyncEngine (asyncpg) and
   ``await run_worker_async(concurrency=B, burst=True)``, ``async def`` no-op
   tasks run on the worker's event loop.
+- raw asyncpg: the raw psycopg drain loop of ``benchmarks.clients`` on
+  asyncpg, with no SQLAlchemy, on the same table and rows as sa_taskqueue:
+  the floor under sa_taskqueue async's figure, as the raw driver is under
+  the drain table's.
 - Procrastinate: ``run_worker(wait=False)`` (stop once caught up), one job at
   a time per worker (its ``concurrency`` is for async tasks; ours is sync).
 - PgQueuer: asyncpg, ``mode=drain``, ``batch_size`` = B.
@@ -25,6 +29,7 @@ is left out.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -33,11 +38,13 @@ from typing import Any
 import sqlalchemy as sa
 
 from benchmarks.backends import async_url, fresh_table
-from benchmarks.clients import LEASE, async_noop, noop
+from benchmarks.clients import LEASE, PostgresClient, _worker_id, async_noop, noop
 from benchmarks.drain import DrainResult, seed, start_together
 
 PEERS = ("procrastinate", "pgqueuer")
-IMPLEMENTATIONS = ("sa_taskqueue", "sa_taskqueue_async", *PEERS)
+#: Run on sa_taskqueue's own table in the benchmark database, seeded alike.
+ON_OUR_TABLE = ("sa_taskqueue", "sa_taskqueue_async", "raw_asyncpg")
+IMPLEMENTATIONS = (*ON_OUR_TABLE, *PEERS)
 
 
 def missing_peers() -> list[str]:
@@ -214,15 +221,70 @@ def _sa_taskqueue_async_worker(url: str, batch: int, ready: Any, go: Any, result
     results.put((ran, stamps[-1] if stamps else 0.0))
 
 
+# Raw asyncpg -------------------------------------------------------------------------
+
+
+def _numbered(statement: str, *names: str) -> str:
+    """A psycopg ``%(name)s`` statement in asyncpg's ``$n`` placeholders, so both loops send the same SQL."""
+    for n, name in enumerate(names, start=1):
+        statement = statement.replace(f"%({name})s", f"${n}")
+    return statement
+
+
+RAW_CLAIM = _numbered(PostgresClient.CLAIM, "batch", "worker")
+RAW_COMPLETE = _numbered(PostgresClient.COMPLETE, "id", "worker")
+
+
+def _raw_asyncpg_worker(url: str, batch: int, ready: Any, go: Any, results: Any) -> None:
+    """The raw psycopg drain loop on asyncpg: claim up to ``batch``, run each, complete each, fenced.
+
+    A task counts as run only when its fenced completion updated its row, so
+    a task completed twice, or by a worker that lost it, fails the
+    exactly-once check.  Its stamp is taken after that completion.
+    """
+    import asyncpg
+
+    ran: list[int] = []
+    stamps: list[float] = []
+    dsn = sa.make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+    async def work() -> None:
+        conn = await asyncpg.connect(dsn)
+        # psycopg hands params back decoded; so does this connection.
+        await conn.set_type_codec("jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
+        worker = _worker_id()
+        ready.release()
+        await asyncio.get_running_loop().run_in_executor(None, go.wait)
+        empty = 0
+        while empty < 3:
+            claimed = await conn.fetch(RAW_CLAIM, batch, worker)
+            if not claimed:
+                empty += 1
+                await asyncio.sleep(0.01)
+                continue
+            empty = 0
+            for task_id, params in claimed:
+                await async_noop(**params)
+                if await conn.execute(RAW_COMPLETE, task_id, worker) == "UPDATE 1":
+                    ran.append(task_id)
+                    stamps.append(time.perf_counter())
+        await conn.close()
+
+    asyncio.run(work())
+    results.put((ran, stamps[-1] if stamps else 0.0))
+
+
 SEED = {
     "sa_taskqueue": _sa_taskqueue_seed,
     "sa_taskqueue_async": _sa_taskqueue_seed,
+    "raw_asyncpg": _sa_taskqueue_seed,
     "procrastinate": _procrastinate_seed,
     "pgqueuer": _pgqueuer_seed,
 }
 WORKER = {
     "sa_taskqueue": _sa_taskqueue_worker,
     "sa_taskqueue_async": _sa_taskqueue_async_worker,
+    "raw_asyncpg": _raw_asyncpg_worker,
     "procrastinate": _procrastinate_worker,
     "pgqueuer": _pgqueuer_worker,
 }
@@ -231,9 +293,9 @@ WORKER = {
 def worker_drain(implementation: str, url: str, tasks: int, workers: int, batch: int) -> DrainResult:
     """One run: ``tasks`` no-op jobs, ``workers`` worker processes of ``implementation`` draining them.
 
-    A peer gets a fresh database of its own; sa_taskqueue a fresh table in ``url``'s.
+    A peer gets a fresh database of its own; sa_taskqueue and raw asyncpg a fresh table in ``url``'s.
     """
-    if implementation.startswith("sa_taskqueue"):
+    if implementation in ON_OUR_TABLE:
         return _race(implementation, url, tasks, workers, batch)
     with scratch_database(url, f"{sa.make_url(url).database}_{implementation}") as dsn:
         return _race(implementation, dsn, tasks, workers, batch)
