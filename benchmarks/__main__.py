@@ -101,7 +101,9 @@ class Run:
             backends=[backend(name) for name in args.backends.split(",")],
             workers=[int(w) for w in args.workers.split(",")],
             batches=[int(b) for b in args.batches.split(",")],
-            console=Console(),
+            # Written to a file or a pipe, rich would lay the tables out at 80
+            # columns and cut the wider ones; a terminal keeps its own width.
+            console=Console(width=None if sys.stdout.isatty() else 240),
         )
 
 
