@@ -701,6 +701,17 @@ class TaskQueue:
         if self._strategy is not None:
             self._bridge.call(self._strategy.close)
 
+    def run_sync(self, fn: Callable[[], T], /) -> T:
+        """``fn()``, where this queue's ``engine`` may be used: for your own admin or maintenance queries.
+
+        A queue on a sync Engine calls it here.  On an AsyncEngine, ``engine``
+        is its sync_engine, which works only inside SQLAlchemy's greenlet on
+        the engine's event loop (elsewhere: MissingGreenlet); this runs ``fn``
+        there and waits for it.  Call it from outside that loop (from the
+        loop, ``await asyncio.to_thread(queue.run_sync, fn)``).
+        """
+        return self._bridge.call(fn)
+
     # Errors ----------------------------------------------------------------
 
     def _database_errors(self) -> AbstractContextManager[None]:
