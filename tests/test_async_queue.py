@@ -242,6 +242,22 @@ def test_a_sync_session_still_enqueues_on_an_async_queue(
 # The loop that owns the connections --------------------------------------------
 
 
+def test_run_sync_runs_a_function_where_an_async_queues_engine_may_be_used(
+    async_queue: tq.TaskQueue, engine: sa.Engine
+) -> None:
+    from sqlalchemy.orm import Session
+
+    with Session(engine) as session:
+        session.add(tq.Task(name="record", params={"key": 1}))
+        session.commit()
+
+    def count() -> int:
+        with async_queue.engine.connect() as conn:  # the sync_engine: MissingGreenlet outside run_sync
+            return conn.scalar(sa.select(sa.func.count()).select_from(async_queue.table)) or 0
+
+    assert async_queue.run_sync(count) == 1
+
+
 def test_a_sync_call_on_the_engines_loop_raises_instead_of_deadlocking(async_queue: tq.TaskQueue) -> None:
     async def on_the_loop() -> str:
         with pytest.raises(tq.SyncCallOnEventLoop, match=r"asyncio\.to_thread"):
