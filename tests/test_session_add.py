@@ -214,7 +214,6 @@ def test_sql_expressions_are_left_to_the_database(engine: sa.Engine) -> None:
     assert row.run_at is not None
 
 
-
 # An application's own model on its own declarative base --------------------------------------
 
 
