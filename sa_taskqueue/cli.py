@@ -396,9 +396,10 @@ def _on_queue(
     """``fn(engine, table, ...)`` on ``queue``'s database and table: the one way a command reaches them.
 
     Every database call of the admin commands goes through here, so how a
-    queue's engine is driven is decided in this one place.
+    queue's engine is driven is decided in this one place: through the queue,
+    which runs it on an async engine's loop (an app whose only engine is async).
     """
-    return fn(queue.engine, queue.table, *args, **kwargs)
+    return queue.run_sync(lambda: fn(queue.engine, queue.table, *args, **kwargs))
 
 
 def _database_url(queue: TaskQueue) -> sa.URL:

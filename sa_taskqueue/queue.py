@@ -36,6 +36,7 @@ from sa_taskqueue.strategies.base import ClaimStrategy
 from sa_taskqueue.strategies.claiming import ClaimRequest
 from sa_taskqueue.strategies.lease import LEASE_EXPIRED_ERROR
 from sa_taskqueue.types import utcnow
+from sa_taskqueue.unawaited import EnqueueCoroutine
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_scoped_session, async_sessionmaker
@@ -252,11 +253,15 @@ class TaskQueue:
         argument is checked before anything touches the database.  With an
         `AsyncSession` (or an `async_scoped_session`) it returns a coroutine
         to await (``task = await queue.enqueue(async_session, ...)``); the
-        checks have run, and raised, before it is returned.
+        checks have run, and raised, before it is returned.  One dropped
+        without being awaited adds nothing, and logs an ERROR that says so.
         """
         values = self._task_values(name, params, queue, priority, run_at, max_attempts)
         if _is_async_session(session):
-            return _in_async_session(session, lambda sync_session: self._add(sync_session, values))
+            return EnqueueCoroutine(
+                _in_async_session(session, lambda sync_session: self._add(sync_session, values)),
+                f"the enqueue of task {name!r}",
+            )
         return self._add(cast("Session", session), values)
 
     def _add(self, session: Session, values: dict[str, Any]) -> TaskMixin:
@@ -319,7 +324,10 @@ class TaskQueue:
             self._task_values(name, params, queue, priority, run_at, max_attempts) for params in params_list
         ]
         if _is_async_session(session):
-            return _in_async_session(session, lambda sync: self._insert(sync, rows, chunk_size))
+            return EnqueueCoroutine(
+                _in_async_session(session, lambda sync: self._insert(sync, rows, chunk_size)),
+                f"the enqueue_many of {len(rows)} run(s) of task {name!r}",
+            )
         return self._insert(cast("Session", session), rows, chunk_size)
 
     def _insert(self, session: Session, rows: list[dict[str, Any]], chunk_size: int) -> list[int] | None:
@@ -692,6 +700,17 @@ class TaskQueue:
         """Release what the strategy holds: its kept connections and any advisory locks."""
         if self._strategy is not None:
             self._bridge.call(self._strategy.close)
+
+    def run_sync(self, fn: Callable[[], T], /) -> T:
+        """``fn()``, where this queue's ``engine`` may be used: for your own admin or maintenance queries.
+
+        A queue on a sync Engine calls it here.  On an AsyncEngine, ``engine``
+        is its sync_engine, which works only inside SQLAlchemy's greenlet on
+        the engine's event loop (elsewhere: MissingGreenlet); this runs ``fn``
+        there and waits for it.  Call it from outside that loop (from the
+        loop, ``await asyncio.to_thread(queue.run_sync, fn)``).
+        """
+        return self._bridge.call(fn)
 
     # Errors ----------------------------------------------------------------
 

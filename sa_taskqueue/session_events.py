@@ -60,7 +60,8 @@ def notify_task_rows(session: Session, flush_context: UOWTransaction) -> None:
     for instance in session.new:
         if isinstance(instance, TaskMixin):
             table = _table(type(instance))
-            queues.setdefault(table, set()).add(_queue_of(instance, table))
+            # A queue only the INSERT knew: "" wakes the workers of every queue to look now.
+            queues.setdefault(table, set()).add(_queue_of(instance, table) or "")
     for table, names in queues.items():
         notify_enqueued(session, table, names)
 
@@ -85,15 +86,20 @@ def _changed(state: InstanceState[Any]) -> dict[str, Any]:
     return changed
 
 
-def _queue_of(instance: TaskMixin, table: Table) -> str:
-    """The queue a new row went to: its own, or the column's default (read without a SELECT)."""
+def _queue_of(instance: TaskMixin, table: Table) -> str | None:
+    """The queue a new row went to, if known without a SELECT: its own, or the column's default.
+
+    None when only the INSERT knew it (a server default not read back, a
+    default computed by a function): reading the attribute would load it
+    with one SELECT per row, inside the flush.
+    """
     queue = inspect(instance).dict.get("queue")
     if isinstance(queue, str):
         return queue
     default = table.c.queue.default
     if default is not None and default.is_scalar:
         return str(getattr(default, "arg", ""))
-    return instance.queue
+    return None
 
 
 @cache

@@ -17,6 +17,8 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from sqlalchemy.sql import ClauseElement
+
 from sa_taskqueue.limits import (
     DEFAULT_LIMITS,
     EARLIEST_RUN_AT,
@@ -287,7 +289,9 @@ def check_task_row(values: Mapping[str, Any], limits: ColumnLimits = DEFAULT_LIM
     """The values an application set on a task row itself (``session.add(Task(...))``), each checked.
 
     ``values`` holds only the columns that were set: a column missing, or
-    None in a ``new`` row, gets its default at the INSERT.  A new row must
+    None in a ``new`` row, gets its default at the INSERT.  A SQL expression
+    (``Task.attempts + 1``, ``func.now()``) is not checked: the database
+    computes it, and its own constraints are what hold it.  A new row must
     have a name.  The name is not looked up among registered tasks: the
     process adding the row need not import the task (a worker that knows no
     such task leaves it queued).
@@ -295,11 +299,18 @@ def check_task_row(values: Mapping[str, Any], limits: ColumnLimits = DEFAULT_LIM
     if new and values.get("name") is None:
         raise TypeError("name must be set: a task row needs the name of the task to run")
     for column, value in values.items():
+        if _is_sql_expression(value):
+            continue  # computed by the database at the flush: there is no value to check here
         if value is None:
             if not new and column not in _NULLABLE_COLUMNS:
                 raise TypeError(f"{column} must not be None: the column holds no NULL")
             continue
         _ROW_CHECKS[column](value, limits)
+
+
+def _is_sql_expression(value: Any) -> bool:
+    """``Task.attempts + 1``, ``func.now()``, a column: SQL the database evaluates, valid SQLAlchemy."""
+    return isinstance(value, ClauseElement) or hasattr(value, "__clause_element__")
 
 
 def check_status(status: Any) -> None:

@@ -9,6 +9,7 @@ so what is checked is what the database holds.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import threading
@@ -173,6 +174,45 @@ def test_bad_input_raises_at_the_call_before_anything_is_awaited(
     assert [t.params for t in rows(engine)] == [{"key": 7}]
 
 
+def test_an_enqueue_never_awaited_logs_an_error_naming_the_task(
+    async_queue: tq.TaskQueue, async_engine: AsyncEngine, engine: sa.Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Without ``await`` nothing is added; the log says so, in the application's words, once it is dropped."""
+    record = async_queue.registered("record")
+    assert record is not None
+
+    async def forget_to_await() -> None:
+        async with AsyncSession(async_engine) as session:
+            record.enqueue(session, key=1)  # type: ignore[unused-coroutine]
+            async_queue.enqueue_many(session, "record", [{"key": 2}])  # type: ignore[unused-coroutine]
+            await session.commit()
+
+    with caplog.at_level(logging.ERROR, logger="sa_taskqueue"):
+        asyncio.run(forget_to_await())
+        gc.collect()
+    assert rows(engine) == []
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 2, errors
+    for message in errors:
+        assert "'record'" in message and "did not happen" in message and "not awaited" in message, message
+
+
+def test_an_awaited_enqueue_logs_nothing(
+    async_queue: tq.TaskQueue, async_engine: AsyncEngine, engine: sa.Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def enqueue() -> None:
+        async with AsyncSession(async_engine) as session:
+            await async_queue.enqueue(session, "record", {"key": 1})
+            await asyncio.ensure_future(async_queue.enqueue_many(session, "record", [{"key": 2}]))
+            await session.commit()
+
+    with caplog.at_level(logging.ERROR, logger="sa_taskqueue"):
+        asyncio.run(enqueue())
+        gc.collect()
+    assert sorted(t.params["key"] for t in rows(engine)) == [1, 2]
+    assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
 def test_an_async_scoped_session_enqueues_in_its_scope(
     async_queue: tq.TaskQueue, async_engine: AsyncEngine, engine: sa.Engine
 ) -> None:
@@ -200,6 +240,22 @@ def test_a_sync_session_still_enqueues_on_an_async_queue(
 
 
 # The loop that owns the connections --------------------------------------------
+
+
+def test_run_sync_runs_a_function_where_an_async_queues_engine_may_be_used(
+    async_queue: tq.TaskQueue, engine: sa.Engine
+) -> None:
+    from sqlalchemy.orm import Session
+
+    with Session(engine) as session:
+        session.add(tq.Task(name="record", params={"key": 1}))
+        session.commit()
+
+    def count() -> int:
+        with async_queue.engine.connect() as conn:  # the sync_engine: MissingGreenlet outside run_sync
+            return conn.scalar(sa.select(sa.func.count()).select_from(async_queue.table)) or 0
+
+    assert async_queue.run_sync(count) == 1
 
 
 def test_a_sync_call_on_the_engines_loop_raises_instead_of_deadlocking(async_queue: tq.TaskQueue) -> None:

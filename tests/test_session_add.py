@@ -199,6 +199,21 @@ def test_one_bad_row_among_many_refuses_the_whole_flush(engine: sa.Engine) -> No
     assert task_rows(engine) == []
 
 
+def test_sql_expressions_are_left_to_the_database(engine: sa.Engine) -> None:
+    """An expression is computed by the database at the flush, so there is no value to check before it."""
+    with Session(engine) as session:
+        session.add(tq.Task(name="computed", run_at=sa.func.now()))
+        session.commit()
+    with Session(engine) as session:
+        task = session.scalars(sa.select(tq.Task)).one()
+        task.attempts = tq.Task.attempts + 1
+        task.priority = tq.Task.priority - 3
+        session.commit()
+    [row] = task_rows(engine)
+    assert (row.name, row.attempts, row.priority) == ("computed", 1, -3)
+    assert row.run_at is not None
+
+
 # An application's own model on its own declarative base --------------------------------------
 
 
@@ -357,6 +372,58 @@ def test_enqueue_and_add_in_one_transaction_notify_once(
         session.commit()
         assert received(listener) == ["mail"]
     assert len(notifies_sent) == 1
+
+
+class ServerQueueTask(tq.TaskMixin, AppBase):
+    """A queue column whose default only the database knows, not read back at the INSERT."""
+
+    __tablename__ = "test_session_add_server_queue"
+    __mapper_args__ = {"eager_defaults": False}  # noqa: RUF012 (SQLAlchemy's own declaration)
+
+    queue: Mapped[str] = mapped_column(sa.String(20), server_default="srv")
+
+
+class CallableQueueTask(tq.TaskMixin, AppBase):
+    """A queue column whose default a function computes at the INSERT."""
+
+    __tablename__ = "test_session_add_callable_queue"
+
+    queue: Mapped[str] = mapped_column(sa.String(20), default=lambda: "computed")
+
+
+@pytest.mark.parametrize("model", [ServerQueueTask, CallableQueueTask], ids=["server_default", "callable"])
+def test_a_queue_only_the_insert_knows_is_added_and_committed(
+    engine: sa.Engine, app_table: type[AppTask], model: type[tq.TaskMixin]
+) -> None:
+    with Session(engine) as session:
+        session.add_all([model(name="one"), model(name="two", queue="named")])  # type: ignore[call-arg]
+        session.commit()
+    with engine.connect() as conn:
+        table = model.__table__  # type: ignore[attr-defined]
+        queues = sorted(conn.scalars(sa.select(table.c.queue)))
+    assert queues == sorted(["named", "srv" if model is ServerQueueTask else "computed"])
+
+
+@pytest.mark.requires("notify")
+def test_a_queue_only_the_insert_knows_wakes_the_workers_of_every_queue(
+    backend: Backend, engine: sa.Engine, app_table: type[AppTask]
+) -> None:
+    """Its queue is unknown after the INSERT: the NOTIFY says "look now" (empty payload), no SELECT."""
+    selects: list[str] = []
+
+    def seen(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if statement.lstrip().upper().startswith("SELECT") and "pg_notify" not in statement:
+            selects.append(statement)
+
+    sa.event.listen(engine, "before_cursor_execute", seen)
+    try:
+        with listening(backend, ServerQueueTask.__table__) as listener, Session(engine) as session:
+            session.add_all([ServerQueueTask(name="one"), ServerQueueTask(name="two", queue="named")])
+            session.commit()
+            assert sorted(received(listener)) == ["", "named"]
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", seen)
+    assert selects == [], "the queue was not read back row by row"
 
 
 @pytest.mark.requires("notify")
