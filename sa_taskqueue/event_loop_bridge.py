@@ -152,6 +152,10 @@ class EventLoopBridge:
             return await greenlet_spawn(fn)
 
 
+#: How long a stopping loop gives its pending tasks to finish once cancelled, in seconds.
+_FINISH_PENDING_SECONDS = 5.0
+
+
 class LoopThread:
     """An event loop running in a daemon thread of its own until stopped."""
 
@@ -167,6 +171,19 @@ class LoopThread:
         asyncio.set_event_loop(self.loop)
         self.loop.call_soon(ready.set)
         self.loop.run_forever()
+        self._finish_pending()
+
+    def _finish_pending(self) -> None:
+        # Tasks still pending when the loop stops (a cancelled task's cleanup,
+        # an ``async with`` exit giving back a connection) are cancelled and
+        # run to their end, bounded, rather than destroyed while pending.
+        pending = asyncio.all_tasks(self.loop)
+        for task in pending:
+            if not task.cancelling():  # one cancelled already is running its cleanup: leave it be
+                task.cancel()
+        if pending:
+            self.loop.run_until_complete(asyncio.wait(pending, timeout=_FINISH_PENDING_SECONDS))
+        self.loop.run_until_complete(self.loop.shutdown_asyncgens())
 
     def usable(self) -> bool:
         # A forked child has the loop object but not the thread that ran it.
@@ -177,7 +194,7 @@ class LoopThread:
         if not self.usable():
             return
         self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout=5)
+        self._thread.join(timeout=_FINISH_PENDING_SECONDS + 5)
         if close and not self._thread.is_alive():
             self.loop.close()
 

@@ -100,7 +100,23 @@ def run_on_loop(
     coroutine on that loop: async tasks must await their I/O.)
     """
 
+    # Cancelling the run's concurrent future marks it cancelled at once, while
+    # the coroutine only stops at its next await, its cleanup (an ``async
+    # with`` exit, a ``finally`` that writes) still to come.  The slot waits
+    # for that too, so a task given back is not run elsewhere while its
+    # coroutine still runs here.  A coroutine cancelled before it began never
+    # runs at all: ``state`` tells the two apart without a race.
+    state = _RunState()
+
     async def attempt() -> Outcome:
+        if not state.begin():
+            return Outcome(error=asyncio.CancelledError())
+        try:
+            return await guarded()
+        finally:
+            state.finished.set()
+
+    async def guarded() -> Outcome:
         try:
             async with asyncio.timeout(timeout) as scope:
                 result = await func(**params)
@@ -118,7 +134,37 @@ def run_on_loop(
     try:
         return future.result()
     except BaseException as error:  # noqa: BLE001 - the loop cancelled it (stopping): recorded as a failure
+        if state.abandon():
+            state.finished.wait(CANCELLED_CLEANUP_WAIT)
         return Outcome(error=error)
+
+
+#: How long a slot waits for a cancelled coroutine to run its cleanup, in seconds.
+CANCELLED_CLEANUP_WAIT = 30.0
+
+
+class _RunState:
+    """Whether a coroutine run on another loop began, so that waiting for its end cannot hang."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._begun = False
+        self._abandoned = False
+        self.finished = threading.Event()
+
+    def begin(self) -> bool:
+        """On the loop: False if the waiting side has given up already (the coroutine must not run)."""
+        with self._lock:
+            if self._abandoned:
+                return False
+            self._begun = True
+            return True
+
+    def abandon(self) -> bool:
+        """On the waiting side: True if the coroutine began, so its end is worth waiting for."""
+        with self._lock:
+            self._abandoned = True
+            return self._begun
 
 
 def _call(func: Callable[..., Any], params: dict[str, Any]) -> Any:

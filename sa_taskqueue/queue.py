@@ -679,8 +679,16 @@ class TaskQueue:
                 await asyncio.shield(done)
             except asyncio.CancelledError:
                 worker.stop()
-                # The drain runs its database calls on this loop: it must keep running meanwhile.
-                await done
+                # The drain runs its database calls on this loop: it must keep
+                # running meanwhile, and this call must not return while the
+                # worker still runs, even when cancelled again: its remaining
+                # calls would go to a loop it is no longer attached to.
+                while not done.done():
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await asyncio.shield(done)
+                error = done.exception()
+                if error is not None:
+                    raise error from None
                 raise
             finally:
                 if self.is_async and self._strategy is not None:

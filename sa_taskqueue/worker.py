@@ -36,7 +36,14 @@ from sa_taskqueue.completions import Completions
 from sa_taskqueue.error_text import error_message
 from sa_taskqueue.event_loop_bridge import LoopThread
 from sa_taskqueue.exceptions import DatabaseError, DatabaseUnavailable, MalformedTask, TaskNotRegistered
-from sa_taskqueue.execution import ChildProcess, GivenBack, Outcome, run_in_thread, run_on_loop
+from sa_taskqueue.execution import (
+    CANCELLED_CLEANUP_WAIT,
+    ChildProcess,
+    GivenBack,
+    Outcome,
+    run_in_thread,
+    run_on_loop,
+)
 from sa_taskqueue.log_fields import task_fields
 from sa_taskqueue.notify import Listener, can_listen
 from sa_taskqueue.validation import is_storable
@@ -319,6 +326,8 @@ class Worker:
                     slot.child.kill()
                 if slot.coroutine is not None:
                     slot.coroutine.cancel()  # an async task stops at its next await
+        self._await_cancelled([slot for slot in leftover if slot.coroutine is not None])
+        for slot in leftover:
             try:
                 released = self.queue.release(slot.task)
             except DatabaseUnavailable as error:
@@ -331,6 +340,20 @@ class Worker:
                 logger.info(
                     "task %d %s attempt %d given back unfinished", *_ids(slot.task), slot.task.attempts
                 )
+
+    def _await_cancelled(self, slots: list[_Running]) -> None:
+        """Wait, bounded, until cancelled async tasks have run their cleanup.
+
+        A task given back while its coroutine still runs its ``finally`` or
+        ``async with`` exit could be claimed and run by another worker
+        meanwhile; its slot's thread returns once the coroutine has ended.
+        """
+        deadline = time.monotonic() + CANCELLED_CLEANUP_WAIT
+        while time.monotonic() < deadline:
+            with self._lock:
+                if all(slot.finished for slot in slots):
+                    return
+            time.sleep(0.02)
 
     # One task -----------------------------------------------------------------
 

@@ -559,3 +559,77 @@ def test_the_command_line_worker_runs_both_kinds_of_task_of_an_app_with_only_an_
     assert sorted((t.name, t.result) for t in rows(engine) if t.status == tq.TaskStatus.COMPLETED) == sorted(
         [("double", 2 * n) for n in range(5)] + [("arecord", n) for n in range(5)]
     )
+
+
+def test_run_worker_async_cancelled_twice_still_returns_only_once_its_worker_has_stopped(
+    async_queue: tq.TaskQueue, async_engine: AsyncEngine, engine: sa.Engine
+) -> None:
+    started, release, finished = threading.Event(), threading.Event(), threading.Event()
+
+    @async_queue.task(name="blocking")
+    def blocking() -> None:
+        started.set()
+        release.wait(30)
+        finished.set()
+
+    async def main() -> None:
+        serving = asyncio.create_task(
+            async_queue.run_worker_async(concurrency=1, poll_interval=0.05, shutdown_timeout=30)
+        )
+        async with AsyncSession(async_engine) as session:
+            await async_queue.enqueue(session, "blocking", {})
+            await session.commit()
+        await eventually(lambda: _true_after(started.is_set()), 30, "the task to start")
+        serving.cancel()
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        serving.cancel()
+        # The running task finishes a little later; the worker waits for it.
+        asyncio.get_running_loop().call_later(0.3, release.set)
+        with pytest.raises(asyncio.CancelledError):
+            await serving
+        assert finished.is_set(), "run_worker_async returned while its worker still ran a task"
+
+    asyncio.run(main())
+    assert [r.status for r in rows(engine)] == [tq.TaskStatus.COMPLETED]
+
+
+def test_a_worker_stopping_waits_for_a_cancelled_async_task_to_run_its_cleanup(engine: sa.Engine) -> None:
+    """Shutdown cancels an async task on the worker's own loop; its ``finally`` still runs to its end."""
+    from sqlalchemy.orm import Session
+
+    queue = tq.TaskQueue(engine)
+    started, cleaned_up = threading.Event(), threading.Event()
+    statuses: list[tq.TaskStatus] = []
+
+    @queue.task(name="hangs")
+    async def hangs() -> None:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            # Cleanup that itself awaits, as an ``async with`` exit does.
+            await asyncio.sleep(0.2)
+            # Not given back before this: no other worker can run it meanwhile.
+            statuses.append(await asyncio.to_thread(lambda: rows(engine)[0].status))
+            cleaned_up.set()
+
+    with Session(engine) as session:
+        queue.enqueue(session, "hangs", {})
+        session.commit()
+    worker = tq.Worker(queue, concurrency=1, poll_interval=0.05, shutdown_timeout=0)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        wait_until(started.is_set, 30, "the task to start")
+        worker.stop()
+        thread.join(60)
+        assert not thread.is_alive()
+        assert cleaned_up.is_set(), "the worker stopped before the cancelled task's cleanup ran"
+    finally:
+        worker.stop()
+        thread.join(60)
+        queue.close()
+    assert statuses == [tq.TaskStatus.RUNNING]
+    [row] = rows(engine)
+    assert (row.status, row.attempts) == (tq.TaskStatus.QUEUED, 0)
