@@ -114,6 +114,7 @@ class TaskQueue:
         self._requested_strategy = strategy
         self._next_recovery: datetime | None = None
         self._worker_id: tuple[int, str] | None = None
+        self._async_worker_running = False
         if strategy is not None:
             registry.check_requested(strategy, self.engine.dialect)
         backend_for(self.engine.dialect).configure_engine(self.engine)
@@ -649,6 +650,24 @@ class TaskQueue:
         worker = Worker(
             self, concurrency=concurrency, queues=queues, burst=burst, poll_interval=poll_interval, **options
         )
+        # The start and the end of this call close the connections the
+        # strategy keeps, advisory locks included: a second worker of this
+        # queue object running meanwhile would lose its locks, and its tasks
+        # could run twice.  (Set before the first await, so two calls on one
+        # loop cannot both pass.)
+        if self._async_worker_running:
+            raise RuntimeError(
+                "this TaskQueue already runs a worker through run_worker_async: raise its concurrency, "
+                "or give the second worker a TaskQueue of its own (on the same engine if you like)"
+            )
+        self._async_worker_running = True
+        try:
+            return await self._run_attached(worker, loop)
+        finally:
+            self._async_worker_running = False
+
+    async def _run_attached(self, worker: Worker, loop: asyncio.AbstractEventLoop) -> Worker:
+        """`run_worker_async`'s body: ``worker`` in a thread, the queue's calls on ``loop`` meanwhile."""
         attached: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
         if self.is_async:
             # Connections this queue keeps were opened on the engine's own

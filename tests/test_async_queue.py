@@ -469,6 +469,30 @@ def test_run_worker_async_in_burst_returns_the_worker(
     assert executions(engine) == dict.fromkeys(range(8), 1)
 
 
+def test_a_second_run_worker_async_of_one_queue_is_refused_while_the_first_runs(
+    async_queue: tq.TaskQueue,
+) -> None:
+    """Each run_worker_async closes the queue's kept connections, advisory locks included, as it
+    starts and ends: a second one beside the first would take the first one's locks away."""
+
+    async def main() -> str:
+        first = asyncio.create_task(async_queue.run_worker_async(poll_interval=0.05))
+        await asyncio.sleep(0)  # the first call has started and holds the queue
+        try:
+            with pytest.raises(RuntimeError, match="already runs a worker") as refused:
+                await async_queue.run_worker_async(poll_interval=0.05)
+        finally:
+            first.cancel()
+            await asyncio.gather(first, return_exceptions=True)
+        # Once the first has stopped, the queue takes a worker again.
+        again = await async_queue.run_worker_async(burst=True, poll_interval=0.05)
+        assert again.processed == 0
+        return str(refused.value)
+
+    message = asyncio.run(main())
+    assert "TaskQueue of its own" in message
+
+
 def test_run_worker_async_runs_the_async_tasks_of_a_sync_queue_on_the_applications_loop(
     engine: sa.Engine,
 ) -> None:
