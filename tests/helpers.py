@@ -8,16 +8,18 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 import sa_taskqueue as tq
+from sa_taskqueue.notify import channel_name
 from sa_taskqueue.types import utcnow
+from tests.backends import Backend
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -187,3 +189,26 @@ def kill_other_sessions(conn: sa.Connection) -> int:
             conn.execute(sa.text(f"KILL CONNECTION {int(session_id)}"))
             count += 1
     return count
+
+
+@contextlib.contextmanager
+def listening(backend: Backend, table: sa.Table) -> Iterator[Any]:
+    """A psycopg connection of its own, in autocommit, LISTENing on ``table``'s channel."""
+    import psycopg
+
+    url = sa.make_url(backend.url)
+    with psycopg.connect(
+        host=url.host,
+        port=url.port or 5432,
+        user=url.username,
+        password=url.password,
+        dbname=url.database,
+        autocommit=True,
+    ) as listener:
+        listener.execute(f'LISTEN "{channel_name(table)}"')
+        yield listener
+
+
+def received(listener: Any, seconds: float = 0.5) -> list[str]:
+    """The payloads that arrive within ``seconds`` (a bounded wait for what a commit delivers)."""
+    return [notification.payload for notification in listener.notifies(timeout=seconds)]

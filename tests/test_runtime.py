@@ -17,7 +17,16 @@ from sqlalchemy.orm import Session
 import sa_taskqueue as tq
 from tests.app import executions
 from tests.backends import Backend, reachable
-from tests.helpers import StreamLines, kill_other_sessions, start_cli, task_row, task_rows, wait_until
+from tests.helpers import (
+    StreamLines,
+    kill_other_sessions,
+    listening,
+    received,
+    start_cli,
+    task_row,
+    task_rows,
+    wait_until,
+)
 from tests.helpers import enqueue_one as enqueue
 
 WORKER = ("worker", "tests.cli_app:queue", "--poll-interval", "0.1")
@@ -279,20 +288,7 @@ def test_notify_wakes_an_idle_worker_long_before_its_poll(
 def test_notify_is_sent_at_commit_and_never_for_a_rollback(
     backend: Backend, default_queue: tq.TaskQueue, engine: sa.Engine
 ) -> None:
-    import psycopg
-
-    from sa_taskqueue.notify import channel_name
-
-    url = sa.make_url(backend.url)
-    with psycopg.connect(
-        host=url.host,
-        port=url.port or 5432,
-        user=url.username,
-        password=url.password,
-        dbname=url.database,
-        autocommit=True,
-    ) as listener:
-        listener.execute(f'LISTEN "{channel_name(tq.Task.__table__)}"')
+    with listening(backend, tq.Task.__table__) as listener:
         with Session(engine) as session:
             default_queue.enqueue(session, "record", {"key": 1}, queue="mail")
             assert list(listener.notifies(timeout=0.3)) == [], "nothing before the commit"
@@ -303,7 +299,7 @@ def test_notify_is_sent_at_commit_and_never_for_a_rollback(
             default_queue.enqueue(session, "record", {"key": 3}, queue="mail")
             default_queue.enqueue(session, "record", {"key": 4}, queue="mail")
             session.commit()
-        payloads = [n.payload for n in listener.notifies(timeout=0.5)]
+        payloads = received(listener)
     assert payloads == ["mail"], "one wake-up per queue and commit, none for the rollbacks"
     assert [t.params["key"] for t in task_rows(engine)] == [3, 4]
 

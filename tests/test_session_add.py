@@ -9,7 +9,6 @@ flush refuses it again until it is fixed, expunged or rolled back.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import re
 import signal
 from collections.abc import Iterator
@@ -21,10 +20,9 @@ import sqlalchemy as sa
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, scoped_session, sessionmaker
 
 import sa_taskqueue as tq
-from sa_taskqueue.notify import channel_name
 from tests.app import executions
 from tests.backends import Backend
-from tests.helpers import StreamLines, start_cli, task_row, task_rows, wait_until
+from tests.helpers import StreamLines, listening, received, start_cli, task_row, task_rows, wait_until
 from tests.test_runtime import logged_at, long_idle_wait
 
 
@@ -265,29 +263,6 @@ def test_an_applications_own_task_model_is_checked_against_its_own_columns(
 
 
 # PostgreSQL: a NOTIFY at commit -------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def listening(backend: Backend, table: sa.Table) -> Iterator[Any]:
-    """A psycopg connection of its own, in autocommit, LISTENing on ``table``'s channel."""
-    import psycopg
-
-    url = sa.make_url(backend.url)
-    with psycopg.connect(
-        host=url.host,
-        port=url.port or 5432,
-        user=url.username,
-        password=url.password,
-        dbname=url.database,
-        autocommit=True,
-    ) as listener:
-        listener.execute(f'LISTEN "{channel_name(table)}"')
-        yield listener
-
-
-def received(listener: Any, seconds: float = 0.5) -> list[str]:
-    """The payloads that arrive within ``seconds`` (a bounded wait for what a commit delivers)."""
-    return [notification.payload for notification in listener.notifies(timeout=seconds)]
 
 
 @pytest.fixture
