@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 
 import sa_taskqueue as tq
 from tests.app import make_queue
-from tests.helpers import MovableClock, task_row
+from tests.helpers import MovableClock, task_row, wait_until
 from tests.helpers import enqueue_records as enqueue
 
 #: The smallest step a stored time takes.
@@ -43,6 +43,17 @@ def let_the_claim_go(queue: tq.TaskQueue, clock: MovableClock, strategy_name: st
     """
     interval = queue.strategy.recovery_interval(lease)
     clock.advance(interval if strategy_name == "advisory_lock" else lease + interval)
+
+
+def advisory_lock_is_free(engine: sa.Engine, table: sa.Table, task_id: int) -> bool:
+    """Whether another connection may take ``task_id``'s advisory lock now (it gives it back at once)."""
+    from sa_taskqueue.strategies.advisory import AdvisoryLocks
+
+    locks = AdvisoryLocks(engine, table)
+    with engine.connect() as conn:
+        taken = locks.try_lock(conn, [task_id])
+        locks.unlock(conn, taken)
+    return taken == [task_id]
 
 
 def test_claim_marks_the_task_running_under_a_lease(
@@ -204,6 +215,9 @@ def test_a_worker_that_lost_its_task_cannot_overwrite_the_new_holders_outcome(
         # Advisory locks outlive any lease: the task is lost when the holder's
         # lock goes, as when its connection drops.
         queue.close()  # the strategy's connections, through the queue (on an async engine, its loop)
+        # The server drops a closed connection's locks when its backend has
+        # seen the close, a moment later: the recovery pass must not run first.
+        wait_until(lambda: advisory_lock_is_free(engine, queue.table, task_id), 30, "the lock to go")
     let_the_claim_go(queue, clock, strategy_name, lease)
     [second] = queue.claim(worker_id="second")
     assert (second.id, second.attempts) == (task_id, 2)
