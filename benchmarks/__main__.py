@@ -27,6 +27,7 @@ from rich.console import Console
 from rich.table import Table
 
 from benchmarks.backends import BenchBackend, backend
+from benchmarks.controls import DRAINS, LIMIT, LIMITED_EVERY, PAUSED_TASKS, TASKS_PER_KEY, controls_drain
 from benchmarks.depth import claim_latencies, claim_plan
 from benchmarks.drain import DrainResult, drain
 from benchmarks.enqueue import enqueue_rate
@@ -34,7 +35,7 @@ from benchmarks.latency import percentiles, pickup_latency
 from benchmarks.peers import IMPLEMENTATIONS, PEERS, missing_peers, worker_drain
 
 RESULTS = Path("benchmarks/results")
-SECTIONS = ("drain", "enqueue", "latency", "peers", "depth")
+SECTIONS = ("drain", "enqueue", "latency", "peers", "depth", "controls")
 
 
 def spread(values: list[float]) -> dict[str, float]:
@@ -302,6 +303,60 @@ def peers_section(run: Run) -> dict[str, Any]:
     return {"peers": rows}
 
 
+def controls_section(run: Run) -> dict[str, Any]:
+    """The claim with unique keys, a concurrency limit and a paused queue in use, against the plain claim."""
+    args = run.args
+    table = new_table(
+        f"drain with the scheduling controls in use, tasks/s, {args.tasks} no-op tasks, "
+        f"median (min-max) of {args.repeats}; controls: every task keyed, {PAUSED_TASKS:,} due tasks "
+        f"in a paused queue, a limited task registered (limit {LIMIT} per key of {TASKS_PER_KEY} tasks), "
+        f"1 task in {LIMITED_EVERY} of it; limited: the same, 1 task in 2 of it",
+        (
+            "backend",
+            "W",
+            "B",
+            "plain",
+            "controls",
+            "controls / plain",
+            "limited",
+            "limited / plain",
+            "exactly once",
+        ),
+    )
+    rows = []
+    for target in run.backends:
+        for w in run.workers:
+            for b in run.batches:
+                row = controls_row(run, target, w, b)
+                rows.append(row)
+                table.add_row(
+                    target.name,
+                    str(w),
+                    str(b),
+                    fmt(row["plain"]),
+                    fmt(row["controls"]),
+                    f"{row['controls_ratio']:.0%}",
+                    fmt(row["limited"]),
+                    f"{row['limited_ratio']:.0%}",
+                    yes_no(row["exactly_once"]),
+                )
+    run.console.print(table)
+    return {"controls": rows}
+
+
+def controls_row(run: Run, target: BenchBackend, w: int, b: int) -> dict[str, Any]:
+    """One backend/W/B cell of the controls table: each drain's rate, and its ratio to the plain one."""
+    rates, once = repeated_drains(
+        lambda kind: controls_drain(target.url, run.args.tasks, w, b, kind), DRAINS, run.args.repeats
+    )
+    plain = statistics.median(rates["plain"])
+    row: dict[str, Any] = {"backend": target.name, "workers": w, "batch": b, "exactly_once": once}
+    for kind in DRAINS:
+        row[kind] = spread(rates[kind])
+        row[f"{kind}_ratio"] = statistics.median(rates[kind]) / plain
+    return row
+
+
 def depth_rows(run: Run, target: BenchBackend, table: Table) -> list[dict[str, Any]]:
     """One backend's claim latency at each depth, each p50 also as a multiple of the first depth's."""
     rows = []
@@ -348,6 +403,7 @@ SECTION_RUNNERS: dict[str, Callable[[Run], dict[str, Any]]] = {
     "latency": latency_section,
     "peers": peers_section,
     "depth": depth_section,
+    "controls": controls_section,
 }
 
 

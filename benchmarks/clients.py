@@ -16,6 +16,8 @@ from typing import Any, Protocol
 
 import sqlalchemy as sa
 
+from sa_taskqueue.concurrency import LIMITED_RECHECK_SECONDS
+
 TABLE = "sa_taskqueue_task"
 LEASE = timedelta(minutes=5)
 
@@ -38,17 +40,21 @@ class Client(Protocol):
 
 
 class QueueClient:
-    def __init__(self, url: str, batch: int) -> None:
+    def __init__(self, url: str, batch: int, *, controlled: bool = False) -> None:
         import sa_taskqueue as tq
 
         self.engine = sa.create_engine(url)
         self.queue = tq.TaskQueue(self.engine, lease=LEASE)
-        self.queue.task(name="noop")(noop)
+        if controlled:
+            register_controlled(self.queue)
+        else:
+            self.queue.task(name="noop")(noop)
         self.batch = batch
         self.held: dict[int, Any] = {}
 
     def claim(self) -> list[tuple[int, dict[str, Any]]]:
-        claimed = self.queue.claim(limit=self.batch)
+        # As a worker claims: limited tasks looked for again 0.1 s after none was found.
+        claimed = self.queue.claim(limit=self.batch, limited_recheck=LIMITED_RECHECK_SECONDS)
         for task in claimed:
             self.held[task.id] = task
         return [(task.id, task.params) for task in claimed]
@@ -60,6 +66,19 @@ class QueueClient:
     def close(self) -> None:
         self.queue.close()
         self.engine.dispose()
+
+
+def register_controlled(queue: Any) -> None:
+    """The controlled drains' tasks (benchmarks.controls): ``noop``, and ``limited`` with a limit per key."""
+    from benchmarks.controls import LIMIT
+
+    queue.task(name="noop")(noop)
+    queue.task(name="limited", concurrency_limit=LIMIT, concurrency_key="key")(limited_noop)
+
+
+def limited_noop(key: str) -> None:
+    """The limited task: nothing, with the param its concurrency key is made of."""
+    del key
 
 
 # Raw drivers ------------------------------------------------------------------------
@@ -214,4 +233,6 @@ RAW_CLIENTS: dict[str, Callable[[str, int], Client]] = {
 def make_client(implementation: str, url: str, batch: int) -> Client:
     if implementation == "sa_taskqueue":
         return QueueClient(url, batch)
+    if implementation == "sa_taskqueue_controls":
+        return QueueClient(url, batch, controlled=True)
     return RAW_CLIENTS[sa.make_url(url).get_backend_name()](url, batch)
