@@ -26,6 +26,8 @@ import pytest
 import sqlalchemy as sa
 from pytest_markdown_docs.plugin import MarkdownTextFile
 
+import sa_taskqueue as tq
+
 #: The files whose examples run: the project's front page.
 EXAMPLE_FILES = ("README.md",)
 
@@ -87,6 +89,12 @@ def _readme_example_setting(request: pytest.FixtureRequest) -> Iterator[None]:
     engine = sa.create_engine(url)
     try:
         before = set(sa.inspect(engine).get_table_names())
+        # Each example starts from the empty queue a new application has,
+        # whatever earlier tests (or earlier runs) left in the suite's database.
+        with engine.begin() as connection:
+            for table in reversed(tq.metadata.sorted_tables):
+                if table.name in before:
+                    connection.execute(table.delete())
         yield
         created = set(sa.inspect(engine).get_table_names()) - before
         if created:

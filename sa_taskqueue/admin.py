@@ -29,7 +29,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session
 
-from sa_taskqueue import validation
+from sa_taskqueue import unique, validation
 from sa_taskqueue.backends import backend_for
 from sa_taskqueue.exceptions import translate_database_errors
 from sa_taskqueue.limits import ColumnLimits
@@ -110,6 +110,37 @@ class Admin:
             session.commit()
             return int(task_id)
 
+    def enqueue_unique(
+        self,
+        name: str,
+        params: dict[str, Any],
+        unique_key: str,
+        *,
+        queue: str = "default",
+        priority: int = 0,
+        max_attempts: int = 3,
+        delay: timedelta | None = None,
+        run_at: datetime | None = None,
+    ) -> tuple[int, bool]:
+        """`enqueue` with a unique key: the new task's id and True, or the holding task's id and False."""
+        values = self.task_values(
+            name,
+            params,
+            queue=queue,
+            priority=priority,
+            max_attempts=max_attempts,
+            delay=delay,
+            run_at=run_at,
+        )
+        validation.check_text("unique_key", unique_key, ColumnLimits.of(self.table).unique_key_length)
+        values["unique_key"] = unique_key
+        with translate_database_errors(self.engine, self.table), Session(self.engine) as session:
+            task_id, inserted = unique.insert_unique(session, self.table, values)
+            if inserted:
+                notify_enqueued(session, self.table, [queue])
+            session.commit()
+            return task_id, inserted
+
     def task_values(
         self,
         name: str,
@@ -187,7 +218,13 @@ class Admin:
         return sorted(found, key=lambda group: (-group.oldest_age, group.name))
 
     def retry(self, task_id: int | None) -> int:
-        """Queue a failed or cancelled task (or, with None, every failed task) to run now, afresh."""
+        """Queue a failed or cancelled task (or, with None, every failed task) to run now, afresh.
+
+        A task with a unique key is queued again only while no other task of
+        its name holds that key (queued or running): the unique index would
+        refuse it, so it is left as it is and not counted.  Of several failed
+        tasks sharing a key, the first retried takes it.
+        """
         if task_id is not None:
             validation.check_task_id(task_id)
         t = self.table
@@ -198,20 +235,40 @@ class Admin:
         )
         if task_id is not None:
             condition = condition & (t.c.id == task_id)
+        again = {
+            "status": TaskStatus.QUEUED,
+            "run_at": utcnow(),
+            "attempts": 0,
+            "finished_at": None,
+            "locked_by": None,
+            "locked_until": None,
+        }
         with translate_database_errors(self.engine, self.table), self.engine.begin() as conn:
-            result = conn.execute(
-                update(t)
-                .where(condition)
-                .values(
-                    status=TaskStatus.QUEUED,
-                    run_at=utcnow(),
-                    attempts=0,
-                    finished_at=None,
-                    locked_by=None,
-                    locked_until=None,
-                )
-            )
-        return result.rowcount
+            retried = conn.execute(
+                update(t).where(condition, t.c.unique_key.is_(None)).values(**again)
+            ).rowcount
+            keyed = conn.execute(
+                select(t.c.id, t.c.name, t.c.unique_key)
+                .where(condition, t.c.unique_key.is_not(None))
+                .order_by(t.c.id)
+            ).all()
+            taken: set[tuple[str, str]] = set()
+            for keyed_id, name, key in keyed:
+                if (name, key) in taken or self._key_held(conn, name, key):
+                    continue
+                taken.add((name, key))
+                retried += conn.execute(
+                    update(t).where(condition, t.c.id == keyed_id).values(**again)
+                ).rowcount
+        return retried
+
+    def _key_held(self, conn: Connection, name: str, key: str) -> bool:
+        """Whether a queued or running task of ``name`` holds the unique ``key``."""
+        t = self.table
+        held = select(t.c.id).where(
+            t.c.name == name, t.c.unique_key == key, t.c.status.in_([TaskStatus.QUEUED, TaskStatus.RUNNING])
+        )
+        return conn.execute(held.limit(1)).first() is not None
 
     def cancel(self, task_id: int) -> bool:
         """Cancel a queued task so that it never runs; False if it is not queued."""

@@ -58,7 +58,7 @@ from sqlalchemy.types import TypeDecorator, TypeEngine
 
 from sa_taskqueue.backends import ANY_DIALECT, BACKENDS
 from sa_taskqueue.migrate import VERSION_TABLE
-from sa_taskqueue.model import metadata
+from sa_taskqueue.model import IndexableComputed, metadata
 from sa_taskqueue.types import JSONDocument, LongText, UTCDateTime
 
 #: The column types `render_item` writes out as their physical types.
@@ -78,9 +78,28 @@ def render_item(type_: str, obj: Any, autogen_context: AutogenContext) -> str | 
     template writes at its top.  ``sa`` is Alembic's own prefix for
     SQLAlchemy (``sqlalchemy_module_prefix``), which the template imports.
     """
+    if type_ == "server_default" and isinstance(obj, IndexableComputed):
+        return generated_column_source(obj, autogen_context)
     if type_ != "type" or not isinstance(obj, OUR_TYPES):
         return False
     return physical_type_source(obj, autogen_context)
+
+
+def generated_column_source(computed: IndexableComputed, autogen_context: AutogenContext) -> str | bool:
+    """``sa.Computed(..., persisted=True)`` on PostgreSQL, which indexes only stored generated columns.
+
+    Left to Alembic elsewhere: a plain ``sa.Computed(...)`` is virtual there,
+    which those databases index, and which ``ADD COLUMN`` adds in place.
+    (On PostgreSQL 18 a plain one would be virtual, and its index refused.)
+    """
+    dialect = autogen_context.dialect
+    if dialect is None or dialect.name != "postgresql":
+        return False
+    expression = computed.sqltext.compile(
+        dialect=dialect, compile_kwargs={"literal_binds": True, "include_table": False}
+    )
+    prefix = autogen_context.opts.get("sqlalchemy_module_prefix") or "sa."
+    return f"{prefix}Computed({str(expression)!r}, persisted=True)"
 
 
 def physical_type_source(type_: TypeDecorator[Any], autogen_context: AutogenContext) -> str:

@@ -45,6 +45,10 @@ class ClaimedTask:
     locked_by: str
     locked_until: datetime
     malformed: str | None = None
+    #: A limited task's key and the slot of it this run holds (``@queue.task(concurrency_limit=...)``);
+    #: the slot is freed by the database as the row leaves RUNNING, so no write needs it.
+    concurrency_key: str | None = None
+    concurrency_slot: int | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any], loads: Loads = json.loads) -> ClaimedTask:
@@ -69,6 +73,8 @@ class ClaimedTask:
             locked_by=row["locked_by"],
             locked_until=row["locked_until"],
             malformed=malformed,
+            concurrency_key=row.get("concurrency_key"),
+            concurrency_slot=row.get("concurrency_slot"),
         )
 
     @property

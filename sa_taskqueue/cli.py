@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table as RichTable
 
-from sa_taskqueue import __version__, admin, cli_params
+from sa_taskqueue import __version__, admin, cli_params, schedules, unique, validation
 from sa_taskqueue.admin import Admin, StatusReport, UnregisteredTasks
 from sa_taskqueue.backends import backend_for
 from sa_taskqueue.cli_preflight import driver_hint, is_driver, missing_sqlite_file
@@ -39,8 +39,10 @@ from sa_taskqueue.exceptions import (
     SchemaMissing,
     TaskQueueError,
 )
+from sa_taskqueue.limits import ColumnLimits
 from sa_taskqueue.log_fields import TASK_LOG_FIELDS
 from sa_taskqueue.model import TaskStatus
+from sa_taskqueue.pausing import read_paused, set_paused
 from sa_taskqueue.queue import TaskQueue
 from sa_taskqueue.redaction import Redactor, has_unescaped_at
 from sa_taskqueue.types import utcnow
@@ -472,6 +474,12 @@ _DEFAULTS = "the task's own with --app, else"
     default=None,
     help="Run no sooner than this ISO 8601 time, with its offset (2026-12-01T09:00:00Z).",
 )
+@click.option(
+    "--unique-key",
+    default=None,
+    help="Enqueue nothing while a task of this name and key is queued or running "
+    "(with --app, a task's unique_by derives it when not given).",
+)
 @_app_option
 @_url_option
 @click.pass_context
@@ -484,6 +492,7 @@ def enqueue(
     max_attempts: int | None,
     delay: timedelta | None,
     run_at: datetime | None,
+    unique_key: str | None,
     app: str | None,
     url: str | None,
 ) -> None:
@@ -515,9 +524,17 @@ def enqueue(
             # Every value is checked before anything reaches the database.
             if registered is not None:
                 registered.check_params(params)
-            task_id = _on_queue(target.queue, _enqueue_row, name, params, **values)
+            unique_by = registered.options.unique_by if registered is not None else None
+            key = unique.key_of(unique_key, unique_by, params, name, ColumnLimits.of(target.queue.table))
+            if key is not None:
+                task_id, inserted = _on_queue(target.queue, _enqueue_unique_row, name, params, key, **values)
+            else:
+                task_id, inserted = _on_queue(target.queue, _enqueue_row, name, params, **values), True
         except (TypeError, ValueError) as error:
             raise Failure(str(error)) from error
+    if not inserted:
+        click.echo(f"task {task_id} ({name}) is queued or running with unique key {key!r}: nothing enqueued")
+        return
     click.echo(
         f"enqueued task {task_id} ({name}) on queue {values['queue']}, "
         f"priority {values['priority']}, max attempts {values['max_attempts']}"
@@ -528,6 +545,12 @@ def _enqueue_row(
     engine: sa.Engine, table: sa.Table, /, name: str, params: dict[str, Any], **values: Any
 ) -> int:
     return Admin(engine, table).enqueue(name, params, **values)
+
+
+def _enqueue_unique_row(
+    engine: sa.Engine, table: sa.Table, /, name: str, params: dict[str, Any], key: str, **values: Any
+) -> tuple[int, bool]:
+    return Admin(engine, table).enqueue_unique(name, params, key, **values)
 
 
 @cli.command()
@@ -573,6 +596,9 @@ def status(ctx: click.Context, app_argument: str | None, app: str | None, url: s
         console.print("running with an expired lease: none")
     if report.unregistered is not None:
         console.print(unregistered_line(report.unregistered), markup=False, soft_wrap=True)
+    with for_people(ctx, target.url):
+        paused = sorted(_on_queue(target.queue, read_paused))
+    console.print(f"paused queues: {', '.join(paused) if paused else 'none'}", markup=False, soft_wrap=True)
 
 
 def _status_report(engine: sa.Engine, table: sa.Table, /, registered: list[str] | None) -> StatusReport:
@@ -622,6 +648,52 @@ def list_command(
         click.echo(rows_json(rows))
     else:
         print_list(Console(), rows, utcnow())
+
+
+@cli.command("schedules")
+@click.argument("app_argument", metavar="[APP]", required=False)
+@click.option("--json", "as_json", is_flag=True, help="One JSON array of the periodic tasks, for scripts.")
+@_app_option
+@_url_option
+@click.pass_context
+def schedules_command(
+    ctx: click.Context, app_argument: str | None, as_json: bool, app: str | None, url: str | None
+) -> None:
+    """APP's periodic tasks: schedule and zone, next run (in the zone and UTC), last slot enqueued.
+
+    APP (MODULE:QUEUE_OBJECT, as an argument or --app) registers them; the
+    last slots are read from its control table.
+    """
+    if app_argument is not None and app is not None:
+        raise click.UsageError("give APP or --app, not both")
+    app = app if app is not None else app_argument
+    if app is None:
+        raise click.UsageError("schedules needs the application that registers them: give APP or --app")
+    with for_people(ctx, url):
+        target = _target(ctx, app, url)
+    assert target.app is not None
+    periodic = target.app.periodic_tasks
+    with for_people(ctx, target.url):
+        last = _on_queue(target.queue, schedules.last_slots, [entry.name for entry in periodic])
+    rows = schedules.report(periodic, last, target.app.clock())
+    if as_json:
+        click.echo(json.dumps(rows))
+        return
+    table = RichTable(title="periodic tasks")
+    for heading in ("name", "schedule", "zone", "next run", "next run (UTC)", "last slot (UTC)"):
+        table.add_column(heading)
+    for entry, row in zip(periodic, rows, strict=True):
+        table.add_row(
+            row["name"],
+            entry.schedule.describe(),
+            row["tz"],
+            row["next_run"],
+            row["next_run_utc"],
+            row["last_slot"],
+        )
+    if not rows:
+        table.add_row("(none registered)", "", "", "", "", "")
+    Console().print(table)
 
 
 @cli.command("show")
@@ -687,6 +759,45 @@ def cancel(ctx: click.Context, task_id: int, app: str | None, url: str | None) -
 
 def _cancel(engine: sa.Engine, table: sa.Table, /, task_id: int) -> bool:
     return Admin(engine, table).cancel(task_id)
+
+
+# pause, resume ------------------------------------------------------------------
+
+
+@cli.command()
+@click.argument("queue_name", metavar="QUEUE")
+@_app_option
+@_url_option
+@click.pass_context
+def pause(ctx: click.Context, queue_name: str, app: str | None, url: str | None) -> None:
+    """Stop every worker claiming tasks of QUEUE (running tasks finish) until `resume QUEUE`."""
+    _pause_or_resume(ctx, queue_name, app, url, paused=True)
+    click.echo(f"paused queue {queue_name}")
+
+
+@cli.command()
+@click.argument("queue_name", metavar="QUEUE")
+@_app_option
+@_url_option
+@click.pass_context
+def resume(ctx: click.Context, queue_name: str, app: str | None, url: str | None) -> None:
+    """Let workers claim tasks of QUEUE again."""
+    _pause_or_resume(ctx, queue_name, app, url, paused=False)
+    click.echo(f"resumed queue {queue_name}")
+
+
+def _pause_or_resume(
+    ctx: click.Context, queue_name: str, app: str | None, url: str | None, paused: bool
+) -> None:
+    with for_people(ctx, url):
+        target = _target(ctx, app, url)
+    try:
+        # Checked against the table's own column, before anything connects.
+        validation.check_queue_name(queue_name, ColumnLimits.of(target.queue.table))
+    except (TypeError, ValueError) as error:
+        raise click.BadParameter(str(error), param_hint="QUEUE") from None
+    with for_people(ctx, target.url):
+        _on_queue(target.queue, set_paused, queue_name, paused, utcnow())
 
 
 @cli.command()

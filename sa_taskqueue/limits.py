@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 
 from sqlalchemy import BigInteger, Integer, SmallInteger, String, Table
 
-from sa_taskqueue.model import NAME_LENGTH, QUEUE_LENGTH
+from sa_taskqueue.model import NAME_LENGTH, QUEUE_LENGTH, UNIQUE_KEY_LENGTH
 
 #: How deeply params may nest arrays and objects, the params object itself
 #: counting as the first level.  MariaDB's JSON check refuses 32 levels
@@ -36,13 +36,14 @@ _INTEGER_BITS: tuple[tuple[type[Integer], int], ...] = ((SmallInteger, 16), (Big
 
 @dataclass(frozen=True)
 class ColumnLimits:
-    """The longest name and queue, and the integer ranges, one task table's columns hold."""
+    """The longest name, queue and unique key, and the integer ranges, one task table's columns hold."""
 
     name_length: int = NAME_LENGTH
     queue_length: int = QUEUE_LENGTH
     priority_range: tuple[int, int] = (-(2**31), 2**31 - 1)
     max_attempts_range: tuple[int, int] = (1, 2**31 - 1)
     attempts_range: tuple[int, int] = (0, 2**31 - 1)
+    unique_key_length: int = UNIQUE_KEY_LENGTH
 
     @classmethod
     def of(cls, table: Table) -> ColumnLimits:
@@ -53,6 +54,7 @@ class ColumnLimits:
             priority_range=_integer_range(table, "priority"),
             max_attempts_range=(1, _integer_range(table, "max_attempts")[1]),
             attempts_range=(0, _integer_range(table, "attempts")[1]),
+            unique_key_length=_length(table, "unique_key", UNIQUE_KEY_LENGTH),
         )
 
 

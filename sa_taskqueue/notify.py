@@ -36,6 +36,15 @@ def channel_name(table: Table) -> str:
     return f"sa_taskqueue_{table.name}"[:63]
 
 
+def control_channel_name(table: Table) -> str:
+    """The channel on which a change of the pause state of one task table's queues is announced.
+
+    A channel of its own, not a payload on the enqueue channel: any string
+    may be a queue name there, so no payload could be told apart.
+    """
+    return f"sa_taskqueue_ctl_{table.name}"[:63]
+
+
 def notify_enqueued(session: Session | scoped_session[Any], table: Table, queues: Iterable[str]) -> None:
     """Within the caller's transaction: wake listening workers of these queues at commit.
 
@@ -113,15 +122,26 @@ def _sync_listening_engine(engine: Engine) -> Engine:
 
 
 class Listener(threading.Thread):
-    """LISTENs on a dedicated connection and calls ``wake(queue)`` for each notification."""
+    """LISTENs on a dedicated connection and calls ``wake(queue)`` for each notification.
+
+    With ``control_changed``, it also listens on the table's control channel
+    and calls ``control_changed(queue)`` when a queue is paused or resumed.
+    """
 
     def __init__(
-        self, engine: Engine, table: Table, wake: Callable[[str], None], stop: threading.Event
+        self,
+        engine: Engine,
+        table: Table,
+        wake: Callable[[str], None],
+        stop: threading.Event,
+        control_changed: Callable[[str], None] | None = None,
     ) -> None:
         super().__init__(name="sa_taskqueue-listen", daemon=True)
         self.engine = engine
         self.channel = channel_name(table)
+        self.control_channel = control_channel_name(table)
         self.wake = wake
+        self.control_changed = control_changed
         self.stop = stop
         self.listening = threading.Event()
         # An async engine's driver cannot wait here: a sync engine to its server does.
@@ -144,8 +164,12 @@ class Listener(threading.Thread):
         try:
             driver: Any = raw.driver_connection
             driver.autocommit = True
-            quoted = self.engine.dialect.identifier_preparer.quote(self.channel)
-            driver.execute(f"LISTEN {quoted}")
+            quote = self.engine.dialect.identifier_preparer.quote
+            driver.execute(f"LISTEN {quote(self.channel)}")
+            if self.control_changed is not None:
+                driver.execute(f"LISTEN {quote(self.control_channel)}")
+                # What changed while we were not listening is read again too.
+                self.control_changed("")
             self.listening.set()
             self.backoff = 0.5  # connected: the next outage starts from a short wait again
             # A wake-up right after (re)connecting: anything enqueued while we
@@ -153,7 +177,10 @@ class Listener(threading.Thread):
             self.wake("")
             while not self.stop.is_set():
                 for notification in driver.notifies(timeout=1.0):
-                    self.wake(notification.payload)
+                    if notification.channel == self.control_channel and self.control_changed is not None:
+                        self.control_changed(notification.payload)
+                    else:
+                        self.wake(notification.payload)
         finally:
             self.listening.clear()
             raw.invalidate()  # never hand a LISTENing connection back to the pool

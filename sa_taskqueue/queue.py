@@ -9,20 +9,25 @@ import os
 import secrets
 import socket
 import threading
-from collections.abc import Callable, Coroutine, Iterable, Sequence
+import time
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeGuard, TypeVar, cast, overload
+from zoneinfo import ZoneInfo
 
 from sqlalchemy import Engine, Table
 from sqlalchemy.orm import Session, scoped_session, sessionmaker
 
-from sa_taskqueue import validation
+from sa_taskqueue import retention as retention_rows
+from sa_taskqueue import unique, validation
 from sa_taskqueue.admin import cancel_queued
 from sa_taskqueue.backends import backend_for
 from sa_taskqueue.bulk_insert import insert_rows
 from sa_taskqueue.claimed import ClaimedTask
-from sa_taskqueue.claimed_params import json_loads
+from sa_taskqueue.claimed_params import decode_params, json_loads
+from sa_taskqueue.concurrency import ConcurrencyLimit, KeySpec, fitted
 from sa_taskqueue.error_text import format_error
 from sa_taskqueue.event_loop_bridge import EventLoopBridge, asyncio_extension
 from sa_taskqueue.exceptions import translate_database_errors
@@ -30,11 +35,20 @@ from sa_taskqueue.explain import explain
 from sa_taskqueue.limits import ColumnLimits
 from sa_taskqueue.model import Task, TaskMixin, TaskStatus
 from sa_taskqueue.notify import notify_enqueued
-from sa_taskqueue.registered import DEFAULT_RETRY_DELAY, RegisteredTask, TaskOptions, retry_delay
+from sa_taskqueue.pausing import PausedQueues, read_paused, set_paused
+from sa_taskqueue.registered import (
+    DEFAULT_RETRY_DELAY,
+    RegisteredTask,
+    TaskOptions,
+    retry_delay,
+    signature_to_check,
+)
+from sa_taskqueue.schedules import EnqueuedSlot, PeriodicTask, Schedule, enqueue_due
 from sa_taskqueue.strategies import registry
 from sa_taskqueue.strategies.base import ClaimStrategy
 from sa_taskqueue.strategies.claiming import ClaimRequest
 from sa_taskqueue.strategies.lease import LEASE_EXPIRED_ERROR
+from sa_taskqueue.strategies.limited import Limits
 from sa_taskqueue.types import utcnow
 from sa_taskqueue.unawaited import EnqueueCoroutine
 
@@ -85,6 +99,8 @@ class TaskQueue:
         lease: timedelta = DEFAULT_LEASE,
         max_retry_delay: timedelta = DEFAULT_MAX_RETRY_DELAY,
         clock: Callable[[], datetime] = utcnow,
+        retention: Mapping[str | TaskStatus, timedelta] | None = None,
+        retention_interval: timedelta | None = None,
     ) -> None:
         self.engine, is_async = _engine_of(bind)
         #: Where the database calls run: here for a sync engine, on the engine's loop for an async one.
@@ -103,18 +119,33 @@ class TaskQueue:
         sample = clock()
         if not isinstance(sample, datetime) or sample.utcoffset() is None:
             raise TypeError(f"clock must return an aware datetime, got {sample!r}")
+        #: How long finished tasks are kept, per status; workers delete older ones (`sa_taskqueue.retention`).
+        self.retention = retention_rows.check_retention({} if retention is None else retention)
+        #: How often a worker looks for expired tasks: by default a tenth of the shortest age.
+        self.retention_interval: timedelta | None = None
+        if retention_interval is not None:
+            self.retention_interval = retention_rows.check_interval(retention_interval)
+        elif self.retention:
+            self.retention_interval = retention_rows.default_interval(self.retention)
         self.lease = lease
         self.max_retry_delay = max_retry_delay
         #: What the queue reads the time from: run_at, leases, retries and recovery all
         #: follow it.  Tests pass a clock they move; applications keep the default.
         self.clock = clock
         self._tasks: dict[str, RegisteredTask[Any, Any]] = {}
+        self._periodic: dict[str, PeriodicTask] = {}
+        # The concurrency limits of each set of names claimed, worked out once per registration.
+        self._limits_of_names: dict[tuple[str, ...] | None, Limits | None] = {}
+        #: Until when (monotonic) claims leave the limited claim out, after one found nothing.
+        self._limited_idle_until = 0.0
         self._strategy: ClaimStrategy | None = None
         self._strategy_lock = threading.Lock()
         self._requested_strategy = strategy
         self._next_recovery: datetime | None = None
         self._worker_id: tuple[int, str] | None = None
         self._async_worker_running = False
+        #: The paused queues as last read: what claims leave out (`sa_taskqueue.pausing`).
+        self.paused = PausedQueues()
         if strategy is not None:
             registry.check_requested(strategy, self.engine.dialect)
         backend_for(self.engine.dialect).configure_engine(self.engine)
@@ -161,6 +192,9 @@ class TaskQueue:
         max_attempts: int = 3,
         retry_delay: timedelta = DEFAULT_RETRY_DELAY,
         timeout: timedelta | float | None = None,
+        concurrency_limit: int | None = None,
+        concurrency_key: KeySpec = None,
+        unique_by: Sequence[str] | None = None,
     ) -> Callable[[Callable[P, R]], RegisteredTask[P, R]]: ...
 
     def task(
@@ -172,11 +206,23 @@ class TaskQueue:
         max_attempts: int = 3,
         retry_delay: timedelta = DEFAULT_RETRY_DELAY,
         timeout: timedelta | float | None = None,
+        concurrency_limit: int | None = None,
+        concurrency_key: KeySpec = None,
+        unique_by: Sequence[str] | None = None,
     ) -> RegisteredTask[P, R] | Callable[[Callable[P, R]], RegisteredTask[P, R]]:
         """Register a function as a task; usable as ``@queue.task`` or ``@queue.task("name", ...)``.
 
         The name defaults to ``module.qualname``.  Registering a second
         function under a taken name is an error: rows would run the wrong code.
+
+        ``concurrency_limit=N`` lets at most N runs sharing a concurrency key
+        run at once, across every worker: the key is the task's name, or
+        ``concurrency_key`` names the params (one, or a tuple) whose values
+        make it, or is a function of the params returning a string.
+
+        ``unique_by`` names params whose values make each enqueue's unique
+        key (`sa_taskqueue.unique.derive_key`): while a task with the same
+        values is queued or running, another enqueue returns it instead.
         """
         if callable(name):
             return self.task()(name)
@@ -186,19 +232,97 @@ class TaskQueue:
         validation.check_retry_delay(retry_delay)
         options = TaskOptions(queue, priority, max_attempts, retry_delay, validation.timeout_seconds(timeout))
 
+        if concurrency_limit is None and concurrency_key is not None:
+            raise ValueError("concurrency_key needs a concurrency_limit")
+
         def register(func: Callable[P, R]) -> RegisteredTask[P, R]:
             task_name = name if name is not None else f"{func.__module__}.{func.__qualname__}"
             if not isinstance(task_name, str) or not task_name:
                 raise ValueError(f"task name must be a non-empty string, got {task_name!r}")
             validation.check_task_name(task_name, self._limits)
+            task_options = replace(options, unique_by=unique.check_unique_by(unique_by, func, task_name))
+            if concurrency_limit is not None:
+                limit = ConcurrencyLimit.of(task_name, func, concurrency_limit, concurrency_key)
+                task_options = replace(task_options, concurrency=limit)
             existing = self._tasks.get(task_name)
             if existing is not None and existing.func is not func:
                 raise ValueError(f"a task is already registered under {task_name!r}: {existing.func!r}")
-            registered = RegisteredTask(self, func, task_name, options)
+            registered = RegisteredTask(self, func, task_name, task_options)
             self._tasks[task_name] = registered
+            self._limits_of_names.clear()
             return registered
 
         return register
+
+    def periodic(
+        self,
+        cron: str | None = None,
+        *,
+        every: timedelta | None = None,
+        tz: str | ZoneInfo = "UTC",
+        params: dict[str, Any] | None = None,
+        name: str | None = None,
+        queue: str = "default",
+        priority: int = 0,
+        max_attempts: int = 3,
+        retry_delay: timedelta = DEFAULT_RETRY_DELAY,
+        timeout: timedelta | float | None = None,
+        concurrency_limit: int | None = None,
+        concurrency_key: KeySpec = None,
+    ) -> Callable[[Callable[P, R]], RegisteredTask[P, R]]:
+        """Register a task run on a schedule: ``@queue.periodic("*/5 * * * *", tz="Europe/Paris")``.
+
+        ``concurrency_limit=1`` keeps a run that outlasts its interval from
+        overlapping the next slot's (each slot is a task of its own).
+
+        Exactly one of ``cron`` (a cron expression read in ``tz``, an IANA
+        name or a `ZoneInfo`) and ``every`` (a fixed interval, its slots
+        counted from the Unix epoch).  Each slot is enqueued once, by
+        whichever worker gets there first, with ``params``; the task is an
+        ordinary one otherwise (the other options are `task`'s).  Everything is
+        checked here, when the module is imported.  See `sa_taskqueue.schedules`.
+        """
+        schedule = Schedule.of(cron, every, tz)
+        register = self.task(
+            name,
+            queue=queue,
+            priority=priority,
+            max_attempts=max_attempts,
+            retry_delay=retry_delay,
+            timeout=timeout,
+            concurrency_limit=concurrency_limit,
+            concurrency_key=concurrency_key,
+        )
+        run_params: dict[str, Any] = {} if params is None else params
+        validation.check_params(run_params)
+        run_params = dict(run_params)
+
+        def register_periodic(func: Callable[P, R]) -> RegisteredTask[P, R]:
+            signature = signature_to_check(func)
+            if signature is not None:
+                try:
+                    signature.bind(**run_params)
+                except TypeError as error:  # before registering: nothing half-done
+                    raise TypeError(f"params do not fit periodic task {func!r}: {error}") from None
+            registered = register(func)
+            self._periodic[registered.name] = PeriodicTask(registered, schedule, run_params)
+            return registered
+
+        return register_periodic
+
+    @property
+    def periodic_tasks(self) -> list[PeriodicTask]:
+        """The periodic tasks registered with this queue, by name."""
+        return [self._periodic[name] for name in sorted(self._periodic)]
+
+    def enqueue_due_schedules(self) -> list[EnqueuedSlot]:
+        """Enqueue each periodic task's latest due slot that no one enqueued yet; return what this call did.
+
+        Workers call it on their own at every slot and every poll interval;
+        a cron job or a test may call it too.  However many processes call it
+        at once, each slot is enqueued once (see `sa_taskqueue.schedules`).
+        """
+        return enqueue_due(self, self.periodic_tasks)
 
     def registered(self, name: str) -> RegisteredTask[Any, Any] | None:
         """The task registered under ``name`` in this process, or None."""
@@ -222,6 +346,7 @@ class TaskQueue:
         priority: int | None = None,
         run_at: datetime | None = None,
         max_attempts: int | None = None,
+        unique_key: str | None = None,
     ) -> TaskMixin: ...
 
     @overload
@@ -235,6 +360,7 @@ class TaskQueue:
         priority: int | None = None,
         run_at: datetime | None = None,
         max_attempts: int | None = None,
+        unique_key: str | None = None,
     ) -> Coroutine[Any, Any, TaskMixin]: ...
 
     def enqueue(
@@ -247,6 +373,7 @@ class TaskQueue:
         priority: int | None = None,
         run_at: datetime | None = None,
         max_attempts: int | None = None,
+        unique_key: str | None = None,
     ) -> TaskMixin | Coroutine[Any, Any, TaskMixin]:
         """Add a task to the caller's ``session`` and flush it; the caller commits.
 
@@ -256,8 +383,13 @@ class TaskQueue:
         to await (``task = await queue.enqueue(async_session, ...)``); the
         checks have run, and raised, before it is returned.  One dropped
         without being awaited adds nothing, and logs an ERROR that says so.
+
+        With a ``unique_key`` (or one derived from the task's ``unique_by``),
+        while a task of this name and key is queued or running nothing is
+        written and that task is returned, loaded in ``session``
+        (`sa_taskqueue.unique`).
         """
-        values = self._task_values(name, params, queue, priority, run_at, max_attempts)
+        values = self._task_values(name, params, queue, priority, run_at, max_attempts, unique_key)
         if _is_async_session(session):
             return EnqueueCoroutine(
                 _in_async_session(session, lambda sync_session: self._add(sync_session, values)),
@@ -266,6 +398,8 @@ class TaskQueue:
         return self._add(cast("Session", session), values)
 
     def _add(self, session: Session, values: dict[str, Any]) -> TaskMixin:
+        if "unique_key" in values:
+            return unique.add(session, self.model, values)
         # The mixin declares no constructor; the mapped subclass gets the declarative one.
         task = cast("Callable[..., TaskMixin]", self.model)(**values)
         session.add(task)
@@ -284,6 +418,7 @@ class TaskQueue:
         run_at: datetime | None = None,
         max_attempts: int | None = None,
         chunk_size: int = 1000,
+        unique_key: str | None = None,
     ) -> list[int] | None: ...
 
     @overload
@@ -298,6 +433,7 @@ class TaskQueue:
         run_at: datetime | None = None,
         max_attempts: int | None = None,
         chunk_size: int = 1000,
+        unique_key: str | None = None,
     ) -> Coroutine[Any, Any, list[int] | None]: ...
 
     def enqueue_many(
@@ -311,6 +447,7 @@ class TaskQueue:
         run_at: datetime | None = None,
         max_attempts: int | None = None,
         chunk_size: int = 1000,
+        unique_key: str | None = None,
     ) -> list[int] | Coroutine[Any, Any, list[int] | None] | None:
         """Add one task per params dict in the caller's transaction; the caller commits.
 
@@ -319,10 +456,24 @@ class TaskQueue:
         new ids in order, or None where the database cannot return them from
         a multi-row INSERT (MySQL).  With an `AsyncSession` it returns a
         coroutine to await, once every row has been checked.
+
+        Rows with a unique key (``unique_key``, or the task's ``unique_by``)
+        go one INSERT each, as ``enqueue`` writes them; a row whose key is
+        held, by an earlier row of the call or by a queued or running task,
+        gets that task's id.
         """
         validation.check_positive_int("chunk_size", chunk_size)
+        params_list = list(params_list)
+        if unique_key is not None and len(params_list) > 1:
+            # One key for every row would keep the first row and drop the
+            # rest: almost surely not what was meant.
+            raise ValueError(
+                f"unique_key gives {len(params_list)} rows one key, so all but the first would be dropped; "
+                "register the task with unique_by=(...) to key each row by its params"
+            )
         rows = [
-            self._task_values(name, params, queue, priority, run_at, max_attempts) for params in params_list
+            self._task_values(name, params, queue, priority, run_at, max_attempts, unique_key)
+            for params in params_list
         ]
         if _is_async_session(session):
             return EnqueueCoroutine(
@@ -334,6 +485,8 @@ class TaskQueue:
     def _insert(self, session: Session, rows: list[dict[str, Any]], chunk_size: int) -> list[int] | None:
         if not rows:
             return []
+        if "unique_key" in rows[0]:  # (a key for one row is a key for all: unique_key or unique_by)
+            return unique.add_many(session, self.table, rows)
         conn = session.connection()
         ids: list[int] = []
         returned = True
@@ -354,10 +507,12 @@ class TaskQueue:
         priority: int | None,
         run_at: datetime | None,
         max_attempts: int | None,
+        unique_key: str | None = None,
     ) -> dict[str, Any]:
         """A registered task's row: the call's values, else the registration's defaults, all checked.
 
-        Params are checked against the task function's signature too.
+        Params are checked against the task function's signature too.  A
+        ``unique_key`` column is there only for a keyed task.
         """
         if not isinstance(name, str):
             raise TypeError(f"name must be a string, got {type(name).__name__}")
@@ -377,6 +532,11 @@ class TaskQueue:
             limits=self._limits,
         )
         registered.check_params(values["params"])
+        if options.concurrency is not None:
+            values["concurrency_key"] = options.concurrency.key_of(values["params"])
+        key = unique.key_of(unique_key, options.unique_by, values["params"], name, self._limits)
+        if key is not None:
+            values["unique_key"] = key
         return values
 
     # Claim and finish ------------------------------------------------------
@@ -395,8 +555,15 @@ class TaskQueue:
         queues: Sequence[str] | None = None,
         worker_id: str | None = None,
         names: Sequence[str] | None = None,
+        limited_recheck: float = 0.0,
     ) -> list[ClaimedTask]:
         """Take up to ``limit`` due tasks for ``worker_id`` in one short transaction of its own.
+
+        With tasks that have a concurrency limit among the names, a claim
+        takes those first, in a transaction of their own.  ``limited_recheck``
+        (seconds; a worker passes `LIMITED_RECHECK_SECONDS`) lets the claims
+        that follow one which found no limited task to take leave that
+        transaction out for as long, until `recheck_limited` is called.
 
         Each is marked RUNNING with ``attempts`` incremented and a lease of
         ``self.lease``; the claim commits before this returns.  The snapshots
@@ -426,11 +593,104 @@ class TaskQueue:
                 return []
         strategy = self.strategy
         self._recover_if_due(strategy)
-        request = self._request(limit, queue_names, worker_id or self.default_worker_id(), task_names)
-        with self._database_errors():
-            rows = self._bridge.call(lambda: strategy.claim(self.engine, self.table, request))
+        paused = self._paused_now()
+        excluded: tuple[str, ...] | None = None
+        if paused and queue_names is not None:
+            queue_names = tuple(name for name in queue_names if name not in paused)
+            if not queue_names:
+                return []  # every queue asked for is paused: nothing to claim, no query
+        elif paused:
+            excluded = tuple(sorted(paused))
+        worker = worker_id or self.default_worker_id()
+        limited = self._concurrency_limits(task_names)
+        if limited is not None:
+            rows = self._claim_limited(
+                strategy, limit, queue_names, worker, task_names, limited, excluded, limited_recheck
+            )
+        else:
+            request = self._request(limit, queue_names, worker, task_names, excluded)
+            with self._database_errors():
+                rows = self._bridge.call(lambda: strategy.claim(self.engine, self.table, request))
         loads = json_loads(self.engine.dialect)
         return sorted((ClaimedTask.from_row(row, loads) for row in rows), key=lambda t: t.sort_key)
+
+    def recheck_limited(self) -> None:
+        """Let the next claim look for limited tasks again (tasks were enqueued, or a slot was freed).
+
+        After a claim with ``limited_recheck`` finds no limited task it can
+        take, claims leave the limited claim out for that long; a worker
+        calls this when a NOTIFY says tasks arrived and when one of its
+        limited tasks leaves its slot, so neither waits that long.
+        """
+        self._limited_idle_until = 0.0
+
+    def _concurrency_limits(self, names: tuple[str, ...] | None) -> Limits | None:
+        """The limits of the claimable names that have one; None when none has (the plain claim alone)."""
+        try:
+            return self._limits_of_names[names]
+        except KeyError:
+            pass
+        if len(self._limits_of_names) >= 64:  # callers claiming ever new sets of names
+            self._limits_of_names.clear()
+        found = self._limits_of_names[names] = self._find_limits(names)
+        return found
+
+    def _find_limits(self, names: tuple[str, ...] | None) -> Limits | None:
+        candidates = self._tasks if names is None else names
+        limits: dict[str, int] = {}
+        for task_name in candidates:
+            registered = self._tasks.get(task_name)
+            if registered is not None and registered.options.concurrency is not None:
+                limits[task_name] = registered.options.concurrency.limit
+        if not limits:
+            return None
+        loads = json_loads(self.engine.dialect)
+
+        def key_of(task_name: str, params_text: Any) -> str:
+            # A row enqueued before its task had a limit: its key as an enqueue now would make it.
+            limit = self._tasks[task_name].options.concurrency
+            assert limit is not None
+            try:
+                params, malformed = decode_params(params_text, loads)
+                return limit.key_of(params if malformed is None else {})
+            except Exception:  # noqa: BLE001 - a key function failing on these params: the task's own key
+                return fitted(task_name, task_name)
+
+        return Limits(limits, key_of)
+
+    def _claim_limited(
+        self,
+        strategy: ClaimStrategy,
+        limit: int,
+        queues: tuple[str, ...] | None,
+        worker_id: str,
+        names: tuple[str, ...] | None,
+        limits: Limits,
+        paused: tuple[str, ...] | None,
+        recheck_after: float,
+    ) -> list[dict[str, Any]]:
+        # Limited names first, each into a slot of its key; the rest of the
+        # limit goes to the plain claim of the other names, unchanged.  With
+        # no names given, the plain claim takes the registered names only: a
+        # row of a name unknown here could be a limited task of another release.
+        plain = tuple(name for name in (names or self.task_names) if name not in limits.limits)
+        rows: list[dict[str, Any]] = []
+        if time.monotonic() >= self._limited_idle_until:
+            request = self._request(limit, queues, worker_id, limits.names, paused)
+            with self._database_errors():
+                rows = self._bridge.call(
+                    lambda: strategy.claim_limited(self.engine, self.table, request, limits)
+                )
+            if not rows and recheck_after > 0:
+                # Nothing limited was due, or every due key was full: leave the
+                # limited claim out for a moment rather than pay its
+                # transaction on every claim of plain tasks meanwhile.
+                self._limited_idle_until = time.monotonic() + recheck_after
+        if plain and len(rows) < limit:
+            rest = self._request(limit - len(rows), queues, worker_id, plain, paused)
+            with self._database_errors():
+                rows += self._bridge.call(lambda: strategy.claim(self.engine, self.table, rest))
+        return rows
 
     def explain_claim(self, *, limit: int = 10, queues: Sequence[str] | None = None) -> str:
         """The database's plan for the statement a claim runs to find its rows (nothing is claimed).
@@ -449,6 +709,7 @@ class TaskQueue:
         queues: tuple[str, ...] | None,
         worker_id: str,
         names: tuple[str, ...] | None = None,
+        paused: tuple[str, ...] | None = None,
     ) -> ClaimRequest:
         now = self.clock()
         return ClaimRequest(
@@ -458,6 +719,7 @@ class TaskQueue:
             now=now,
             lease_until=now + self.lease,
             names=names,
+            paused=paused,
         )
 
     def recover(self) -> int:
@@ -531,6 +793,7 @@ class TaskQueue:
             values.update(status=TaskStatus.QUEUED, run_at=now + self.retry_delay(claimed))
         else:
             values.update(status=TaskStatus.FAILED, finished_at=now)
+        _give_up_slot(claimed, values)
         return self._finish(claimed, values, now)
 
     def release(self, claimed: ClaimedTask) -> bool:
@@ -540,6 +803,7 @@ class TaskQueue:
             "attempts": self.table.c.attempts - 1,
             "locked_until": None,
         }
+        _give_up_slot(claimed, values)
         return self._finish(claimed, values, self.clock())
 
     def outcome_written(self, claimed: ClaimedTask, *, completed: bool) -> bool:
@@ -595,6 +859,82 @@ class TaskQueue:
 
         with self._database_errors():
             return self._bridge.call(cancel)
+
+    # Paused queues ---------------------------------------------------------
+
+    def pause(self, name: str) -> None:
+        """Stop every worker claiming tasks of queue ``name`` until `resume`; tasks running go on.
+
+        Stored in the database and committed at once, so it holds for every
+        worker of this table on every machine: each honours it within a
+        second or its poll interval (at once on PostgreSQL, notified at
+        commit).  Pausing a paused queue changes nothing.
+        """
+        self._set_paused(name, paused=True)
+
+    def resume(self, name: str) -> None:
+        """Let workers claim tasks of queue ``name`` again; resuming a queue not paused changes nothing."""
+        self._set_paused(name, paused=False)
+
+    def paused_queues(self) -> list[str]:
+        """The queues paused now, sorted, read from the database."""
+        with self._database_errors():
+            paused = self._bridge.call(lambda: read_paused(self.engine, self.table))
+        self.paused.store(paused)
+        return sorted(paused)
+
+    def _set_paused(self, name: str, *, paused: bool) -> None:
+        validation.check_queue_name(name, self._limits)
+        now = self.clock()
+        with self._database_errors():
+            self._bridge.call(lambda: set_paused(self.engine, self.table, name, paused, now))
+        self.paused.invalidate()
+
+    def _paused_now(self) -> frozenset[str]:
+        """The paused queues as kept, read again when older than their maximum age."""
+
+        def read() -> frozenset[str]:
+            with self._database_errors():
+                return self._bridge.call(lambda: read_paused(self.engine, self.table))
+
+        return self.paused.current(read)
+
+    # Retention -------------------------------------------------------------
+
+    def delete_expired(
+        self,
+        *,
+        batch_size: int = retention_rows.DEFAULT_BATCH_SIZE,
+        holder: str | None = None,
+        stop: threading.Event | None = None,
+    ) -> int:
+        """Delete finished tasks older than ``retention`` says, in batches; return how many.
+
+        What workers run every ``retention_interval``; a test or a cron job
+        may call it too.  One caller at a time deletes (a lease in the
+        control table): while another holds it this returns 0 at once.
+        ``finished_at`` is compared with the queue's clock.  Each batch of at
+        most ``batch_size`` rows commits on its own.
+        """
+        validation.check_positive_int("batch_size", batch_size)
+        if not self.retention:
+            return 0
+        # Each run holds the lease under a name of its own: two workers of one
+        # process (or a worker and a direct call) share a worker id, and a
+        # lease its holder may renew would let both delete at once.
+        who = f"{(holder or self.default_worker_id())[:240]}:{secrets.token_hex(4)}"
+        with self._database_errors():
+            return self._bridge.call(
+                lambda: retention_rows.delete_expired(
+                    self.engine,
+                    self.table,
+                    self.retention,
+                    holder=who,
+                    clock=self.clock,
+                    batch_size=batch_size,
+                    stop=stop,
+                )
+            )
 
     # Worker ----------------------------------------------------------------
 
@@ -784,6 +1124,17 @@ async def _in_async_session(
     assert ext is not None  # an async session exists, so its module was imported
     target = cast("AsyncSession", session() if isinstance(session, ext.async_scoped_session) else session)
     return await target.run_sync(work)
+
+
+def _give_up_slot(claimed: ClaimedTask, values: dict[str, Any]) -> None:
+    """Clear the slot of a limited task going back to the queue (or to FAILED, which can be retried).
+
+    The slot stops counting as the row leaves RUNNING anyway; cleared, it
+    cannot come back with a later claim that gives no slot (a release of the
+    task without the limit), where it could clash with the slot's new holder.
+    """
+    if claimed.concurrency_slot is not None:
+        values["concurrency_slot"] = None
 
 
 def _check_claimed(claimed: Any) -> None:

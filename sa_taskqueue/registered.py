@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession, async_scoped_session
     from sqlalchemy.orm import Session, scoped_session
 
+    from sa_taskqueue.concurrency import ConcurrencyLimit
     from sa_taskqueue.model import TaskMixin
     from sa_taskqueue.queue import TaskQueue
 
@@ -37,6 +38,10 @@ class TaskOptions:
     #: Seconds a run may take: enforced by killing the child under process
     #: isolation, recorded as a failure after a late return under threads.
     timeout: float | None = None
+    #: At most this many runs sharing a concurrency key at once (``concurrency_limit=``).
+    concurrency: ConcurrencyLimit | None = None
+    #: The params whose values make each enqueue's unique key (`sa_taskqueue.unique.derive_key`).
+    unique_by: tuple[str, ...] | None = None
 
 
 class RegisteredTask(Generic[P, R]):
@@ -54,7 +59,7 @@ class RegisteredTask(Generic[P, R]):
         self.name = name
         self.options = options
         functools.update_wrapper(self, func)
-        self._signature = _signature_to_check(func)
+        self._signature = signature_to_check(func)
         self._fitting_keys: set[frozenset[str]] = set()
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
@@ -89,6 +94,7 @@ class RegisteredTask(Generic[P, R]):
         run_at: datetime | None = None,
         delay: timedelta | None = None,
         max_attempts: int | None = None,
+        unique_key: str | None = None,
     ) -> TaskWithOptions:
         """This task with options for the enqueues made through what it returns.
 
@@ -97,9 +103,10 @@ class RegisteredTask(Generic[P, R]):
         registration's; an option left None keeps the registration's.  ``delay``
         is counted from each enqueue (by the queue's clock); ``run_at`` and
         ``delay`` together are refused.  Every option is checked here, so a bad
-        one fails where it is written, not at a later enqueue.
+        one fails where it is written, not at a later enqueue.  ``unique_key``
+        replaces the key ``unique_by`` would derive (see `TaskQueue.enqueue`).
         """
-        return TaskWithOptions(self, queue, priority, run_at, delay, max_attempts)
+        return TaskWithOptions(self, queue, priority, run_at, delay, max_attempts, unique_key=unique_key)
 
     @property
     def is_async(self) -> bool:
@@ -148,8 +155,12 @@ class TaskWithOptions:
         run_at: datetime | None,
         delay: timedelta | None,
         max_attempts: int | None,
+        *,
+        unique_key: str | None = None,
     ) -> None:
         limits = ColumnLimits.of(task.queue.table)
+        if unique_key is not None:
+            validation.check_text("unique_key", unique_key, limits.unique_key_length)
         if queue is not None:
             validation.check_queue_name(queue, limits)
         if priority is not None:
@@ -170,6 +181,7 @@ class TaskWithOptions:
         self.run_at = run_at
         self.delay = delay
         self.max_attempts = max_attempts
+        self.unique_key = unique_key
 
     def using(
         self,
@@ -179,6 +191,7 @@ class TaskWithOptions:
         run_at: datetime | None = None,
         delay: timedelta | None = None,
         max_attempts: int | None = None,
+        unique_key: str | None = None,
     ) -> TaskWithOptions:
         """These options with some replaced; a new ``run_at`` replaces a ``delay`` and the reverse."""
         when_given = run_at is not None or delay is not None
@@ -189,6 +202,7 @@ class TaskWithOptions:
             run_at if when_given else self.run_at,
             delay if when_given else self.delay,
             self.max_attempts if max_attempts is None else max_attempts,
+            unique_key=self.unique_key if unique_key is None else unique_key,
         )
 
     @overload
@@ -217,6 +231,7 @@ class TaskWithOptions:
             priority=self.priority,
             run_at=self._run_at(),
             max_attempts=self.max_attempts,
+            unique_key=self.unique_key,
         )
 
     @overload
@@ -265,6 +280,7 @@ class TaskWithOptions:
             run_at=self._run_at(),
             max_attempts=self.max_attempts,
             chunk_size=chunk_size,
+            unique_key=self.unique_key,
         )
 
     def _run_at(self) -> datetime | None:
@@ -279,6 +295,7 @@ class TaskWithOptions:
             "run_at": self.run_at,
             "delay": self.delay,
             "max_attempts": self.max_attempts,
+            "unique_key": self.unique_key,
         }
         shown = ", ".join(f"{key}={value!r}" for key, value in options.items() if value is not None)
         return f"<TaskWithOptions {self.task.name!r} {shown}>"
@@ -288,7 +305,7 @@ class TaskWithOptions:
 _REMEMBERED_KEY_SETS = 64
 
 
-def _signature_to_check(func: Callable[..., Any]) -> inspect.Signature | None:
+def signature_to_check(func: Callable[..., Any]) -> inspect.Signature | None:
     """The signature params are bound to, or None where any keywords fit or it cannot be read."""
     try:
         signature = inspect.signature(func)

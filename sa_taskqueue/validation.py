@@ -281,6 +281,7 @@ CHECKED_COLUMNS = (
     "finished_at",
     "locked_until",
     "result",
+    "unique_key",
 )
 _DATETIME_COLUMNS = frozenset({"run_at", "created_at", "started_at", "finished_at", "locked_until"})
 
@@ -328,7 +329,7 @@ def _datetime_check(column: str) -> Callable[[Any, ColumnLimits], None]:
     return lambda value, _: check_datetime(column, value)
 
 
-_NULLABLE_COLUMNS = frozenset({"started_at", "finished_at", "locked_until", "result"})
+_NULLABLE_COLUMNS = frozenset({"started_at", "finished_at", "locked_until", "result", "unique_key"})
 
 _ROW_CHECKS: dict[str, Callable[[Any, ColumnLimits], None]] = {
     "name": check_task_name,
@@ -339,6 +340,7 @@ _ROW_CHECKS: dict[str, Callable[[Any, ColumnLimits], None]] = {
     "max_attempts": check_max_attempts,
     "status": lambda value, _: check_status(value),
     "result": lambda value, _: check_result(value),
+    "unique_key": lambda value, limits: check_text("unique_key", value, limits.unique_key_length),
     **{column: _datetime_check(column) for column in _DATETIME_COLUMNS},
 }
 

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from sa_taskqueue.claimed import ClaimedTask
 from sa_taskqueue.completions import Completions
+from sa_taskqueue.concurrency import LIMITED_RECHECK_SECONDS
 from sa_taskqueue.error_text import error_message
 from sa_taskqueue.event_loop_bridge import LoopThread
 from sa_taskqueue.exceptions import DatabaseError, DatabaseUnavailable, MalformedTask, TaskNotRegistered
@@ -46,6 +47,7 @@ from sa_taskqueue.execution import (
 )
 from sa_taskqueue.log_fields import task_fields
 from sa_taskqueue.notify import Listener, can_listen
+from sa_taskqueue.schedules import run_ticker
 from sa_taskqueue.validation import is_storable
 from sa_taskqueue.watchdog import Watchdog, kill_at, register_child
 
@@ -200,8 +202,22 @@ class Worker:
         background: list[threading.Thread] = [
             threading.Thread(target=self._heartbeat, name="sa_taskqueue-heartbeat", daemon=True)
         ]
+        if self.queue.retention and not self.burst:
+            background.append(
+                threading.Thread(target=self._retention, name="sa_taskqueue-retention", daemon=True)
+            )
+        # Paused queues are read again at least once per poll interval.
+        self.queue.paused.check_within(self.poll_interval)
         if self.listen and not self.burst and can_listen(self.queue.engine):
-            background.append(Listener(self.queue.engine, self.queue.table, self._notified, self._stopped))
+            background.append(
+                Listener(
+                    self.queue.engine, self.queue.table, self._notified, self._stopped, self._pause_changed
+                )
+            )
+        if self.queue.periodic_tasks:
+            # Periodic tasks are enqueued from a thread of their own: a tick never delays a claim.
+            ticker = partial(run_ticker, self.queue, self._stopped, self.poll_interval, self._wake.set)
+            background.append(threading.Thread(target=ticker, name="sa_taskqueue-schedules", daemon=True))
         logger.info(
             "worker %s started: strategy=%s concurrency=%d isolation=%s queues=%s",
             self.worker_id,
@@ -262,7 +278,11 @@ class Worker:
             sent_at = time.monotonic()
             try:
                 claimed = self.queue.claim(
-                    limit=free, queues=self.queues, worker_id=self.worker_id, names=self.queue.task_names
+                    limit=free,
+                    queues=self.queues,
+                    worker_id=self.worker_id,
+                    names=self.queue.task_names,
+                    limited_recheck=LIMITED_RECHECK_SECONDS,
                 )
             except DatabaseUnavailable as error:
                 error_backoff = min(max(error_backoff * 2, 0.5), MAX_ERROR_BACKOFF)
@@ -300,15 +320,24 @@ class Worker:
 
     def _slot_freed(self, future: Future[None]) -> None:
         with self._lock:
-            self._running.pop(future, None)
+            slot = self._running.pop(future, None)
             self._arm_locked()
+        if slot is not None and slot.task.concurrency_key is not None:
+            self.queue.recheck_limited()  # its key has a free slot now
         self._wake.set()
         if not future.cancelled() and future.exception() is not None:
             logger.error("a task slot ended with an error: %r", future.exception())
 
     def _notified(self, queue_name: str) -> None:
         if not queue_name or self.queues is None or queue_name in self.queues:
+            self.queue.recheck_limited()
             self._wake.set()
+
+    def _pause_changed(self, _queue_name: str) -> None:
+        # A queue was paused or resumed: read the paused queues again, and
+        # claim now (a resumed queue may hold due tasks).
+        self.queue.paused.invalidate()
+        self._wake.set()
 
     def _drain(self) -> None:
         """Let running tasks finish within ``shutdown_timeout``, then give back the rest."""
@@ -592,6 +621,24 @@ class Worker:
             hook(*args)
         except Exception:
             logger.exception("the %s hook raised", getattr(hook, "__name__", "worker"))
+
+    # Retention ---------------------------------------------------------------
+
+    def _retention(self) -> None:
+        """Delete expired finished tasks every retention interval, beside the claim loop, never in it."""
+        interval = self.queue.retention_interval
+        assert interval is not None  # set whenever retention is
+        while not self._stopping.is_set():
+            try:
+                deleted = self.queue.delete_expired(holder=self.worker_id, stop=self._stopping)
+            except DatabaseUnavailable as error:
+                self._database_trouble(error, interval.total_seconds())
+            except Exception:
+                logger.exception("deleting expired tasks failed; trying again in %s", interval)
+            else:
+                if deleted:
+                    logger.info("deleted %d expired task(s)", deleted)
+            self._stopping.wait(interval.total_seconds())
 
     # Heartbeat ---------------------------------------------------------------
 

@@ -555,7 +555,6 @@ def _next_poll_at_least(caplog: pytest.LogCaptureFixture, seconds: float) -> boo
     return any(float(wait.rstrip("s")) >= seconds for wait in waits)
 
 
-
 # The command line -----------------------------------------------------------------------
 
 

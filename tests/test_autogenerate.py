@@ -24,6 +24,7 @@ import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
 from typing import Any
@@ -336,7 +337,9 @@ def test_autogenerate_upgrade_claim_no_drift_then_downgrade(
     assert "sa_taskqueue" not in first, "the revision must run without the library"
     operations = _function_bodies(first)["upgrade"]
     created = [op for op in operations if op.startswith("op.create_table(")]
-    assert sorted(op.split("'")[1] for op in created) == sorted([project.jobs, project.customers])
+    assert sorted(op.split("'")[1] for op in created) == sorted(
+        [project.jobs, f"{project.jobs}_control", project.customers]
+    )
     # The mixin's two indexes, each kept to one status where partial indexes exist.
     claim_index = next(op for op in operations if f"'ix_{project.jobs}_claim'" in op)
     lease_index = next(op for op in operations if f"'ix_{project.jobs}_lease'" in op)
@@ -348,7 +351,7 @@ def test_autogenerate_upgrade_claim_no_drift_then_downgrade(
 
     project.alembic("upgrade", "head")
     engine.dispose()
-    assert set(_our_tables(engine)) == {project.jobs, project.customers}
+    assert set(_our_tables(engine)) == {project.jobs, f"{project.jobs}_control", project.customers}
 
     # The migrated table is the one create_all makes from the same model,
     # column by column and index by index (partial predicates, DATETIME(6),
@@ -399,6 +402,66 @@ def test_autogenerate_upgrade_claim_no_drift_then_downgrade(
     assert _our_tables(engine) == []
     with engine.connect() as connection:
         assert connection.scalar(sa.text(f"SELECT COUNT(*) FROM {APP_VERSION_TABLE}")) == 0
+
+
+#: What `TaskMixin` added after 0.1: columns (generated ones last), indexes, and the control table.
+ADDED_COLUMNS = ("unique_key", "concurrency_key", "concurrency_slot", "active_unique_key", "running_slot_key")
+ADDED_INDEXES = ("ix_{table}_finished", "ux_{table}_unique", "ux_{table}_slot")
+
+
+def _make_0_1_table(engine: sa.Engine, table: sa.Table) -> None:
+    """``table`` as `TaskMixin` declared it in 0.1: today's, less what came after."""
+    old = sa.MetaData()
+    copy = table.to_metadata(old)
+    for index in list(copy.indexes):
+        if index.name in {name.format(table=table.name) for name in ADDED_INDEXES}:
+            copy.indexes.discard(index)
+    for name in ADDED_COLUMNS:
+        copy._columns.remove(copy.c[name])
+    old.create_all(engine, tables=[copy])
+
+
+@pytest.mark.backends("sqlite", "postgres", "postgres18", "mysql", "mariadb")
+def test_autogenerate_brings_a_0_1_table_to_the_current_mixin_without_losing_tasks(
+    project: Project, scratch: Scratch, backend: Backend
+) -> None:
+    engine = scratch.engine
+    project.write(HOOK)
+    models = project.models()
+    _make_0_1_table(engine, models.Job.__table__)
+    models.Base.metadata.create_all(engine, tables=[models.Customer.__table__])
+    now = datetime.now(UTC)
+    with engine.begin() as connection:
+        connection.execute(
+            sa.text(
+                f"INSERT INTO {project.jobs} (name, queue, priority, params, status, run_at, attempts,"
+                " max_attempts, created_at) VALUES ('welcome', 'default', 0, '{}', :status, :now, 0, 3, :now)"
+            ).bindparams(sa.bindparam("now", type_=tq.types.UTCDateTime())),
+            [{"status": status.value, "now": now} for status in tq.TaskStatus],
+        )
+
+    revision = project.autogenerate("scheduling controls").read_text()
+    operations = _function_bodies(revision)["upgrade"]
+    for column in ADDED_COLUMNS:
+        assert any(op.startswith("op.add_column(") and f"'{column}'" in op for op in operations), column
+    for index in ADDED_INDEXES:
+        assert any(f"'{index.format(table=project.jobs)}'" in op for op in operations), index
+    assert any(op.startswith("op.create_table(") and f"'{project.jobs}_control'" in op for op in operations)
+    if backend.is_postgres:
+        # Only a stored generated column can be indexed there.
+        assert revision.count("persisted=True") == 2
+
+    project.alembic("upgrade", "head")
+    engine.dispose()
+    with engine.connect() as connection:
+        statuses = connection.scalars(sa.text(f"SELECT status FROM {project.jobs} ORDER BY id")).all()
+    assert statuses == [status.value for status in tq.TaskStatus]
+    _assert_no_operations(project.autogenerate("nothing"))
+    # And the keys work: a second queued task with one name and key is refused by the index.
+    with engine.begin() as connection:
+        connection.execute(sa.text(f"UPDATE {project.jobs} SET unique_key = 'k' WHERE status = 'queued'"))
+    with pytest.raises(sa.exc.IntegrityError), engine.begin() as connection:
+        connection.execute(sa.text(f"UPDATE {project.jobs} SET unique_key = 'k' WHERE status = 'running'"))
 
 
 @pytest.mark.backends("sqlite", "postgres", "postgres18", "mysql", "mariadb")

@@ -13,7 +13,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.dialects import mssql, mysql, oracle, postgresql, sqlite
 from sqlalchemy.orm import DeclarativeBase, Session
-from sqlalchemy.schema import CreateTable
+from sqlalchemy.schema import CreateIndex, CreateTable
 
 import sa_taskqueue as tq
 from sa_taskqueue.backends import backend_for
@@ -320,7 +320,14 @@ class AppTask(tq.TaskMixin, AppBase):
 
 
 def test_task_mixin_maps_on_an_applications_own_base(engine: sa.Engine) -> None:
-    assert {index.name for index in AppTask.__table__.indexes} == {"ix_app_tasks_claim", "ix_app_tasks_lease"}
+    assert {index.name for index in AppTask.__table__.indexes} == {
+        "ix_app_tasks_claim",
+        "ix_app_tasks_lease",
+        "ix_app_tasks_finished",
+        "ux_app_tasks_unique",
+        "ux_app_tasks_slot",
+    }
+    assert "app_tasks_control" in AppBase.metadata.tables
     AppBase.metadata.drop_all(engine)
     AppBase.metadata.create_all(engine)
     try:
@@ -392,3 +399,41 @@ def test_mysql_claims_under_read_committed(engine: sa.Engine) -> None:
         variable = "tx_isolation" if getattr(conn.dialect, "is_mariadb", False) else "transaction_isolation"
         session_level = conn.execute(sa.text(f"SELECT @@SESSION.{variable}")).scalar_one()
     assert session_level == "REPEATABLE-READ", "the application's own transactions are left alone"
+
+
+def _ddl(dialect: sa.engine.Dialect) -> str:
+    """The task table's CREATE TABLE and CREATE INDEX statements for ``dialect``."""
+    statements = [CreateTable(TABLE), *(CreateIndex(index) for index in TABLE.indexes)]
+    return "\n".join(str(statement.compile(dialect=dialect)) for statement in statements)
+
+
+def test_oracle_keeps_keys_single_with_unique_indexes_on_virtual_columns() -> None:
+    """Oracle indexes a virtual column as a function-based index, and leaves out rows whose key is NULL."""
+    ddl = _ddl(oracle.dialect())
+    for column in ("active_unique_key", "running_slot_key"):
+        line = next(line for line in ddl.splitlines() if line.strip().startswith(column))
+        assert "GENERATED ALWAYS AS (CASE WHEN" in line
+        assert "STORED" not in line and "VIRTUAL" not in line  # Oracle has virtual columns only
+    # One column per index: a composite unique index would clash on rows
+    # whose name is set and whose key is NULL.
+    assert "CREATE UNIQUE INDEX ux_sa_taskqueue_task_unique ON sa_taskqueue_task (active_unique_key)" in ddl
+    assert "CREATE UNIQUE INDEX ux_sa_taskqueue_task_slot ON sa_taskqueue_task (running_slot_key)" in ddl
+    # Oracle's || reads NULL as '', so the CASE tests each part for NULL itself.
+    assert "concurrency_key IS NOT NULL AND concurrency_slot IS NOT NULL" in ddl
+
+
+@pytest.mark.parametrize(
+    ("dialect", "generated"),
+    [
+        (postgresql.dialect(), "STORED"),  # only stored generated columns can be indexed there
+        (mysql.dialect(), "concat("),  # MySQL's || is OR
+        (sqlite.dialect(), "END)"),  # virtual: ALTER TABLE ADD COLUMN can add it in place
+    ],
+)
+def test_the_key_columns_are_generated_in_a_form_each_database_indexes(
+    dialect: sa.engine.Dialect, generated: str
+) -> None:
+    line = next(line for line in _ddl(dialect).splitlines() if line.strip().startswith("active_unique_key"))
+    assert generated in line
+    if dialect.name != "postgresql":
+        assert "STORED" not in line

@@ -30,6 +30,7 @@ pytestmark = pytest.mark.backends("sqlite", "postgres", "mysql", "mariadb")
 
 EXAMPLE = "examples.fastapi_app.app"
 
+
 class Shop:
     """The imported example, and a plain engine of the test's own to look at its tables."""
 

@@ -23,6 +23,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -35,10 +36,12 @@ from sqlalchemy.dialects import mysql
 
 import sa_taskqueue
 from sa_taskqueue import migrate
+from sa_taskqueue.model import FINISHED_STATUSES, TaskStatus
 from tests.backends import Backend
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TASK_TABLE = "sa_taskqueue_task"
+CONTROL_TABLE = "sa_taskqueue_task_control"
 
 #: The revision that creates the table; later ones change it.
 FIRST_REVISION = "b78c74731220"
@@ -149,14 +152,22 @@ def _schema_diff(connection: sa.Connection) -> list[Any]:
 
 
 def _reflect(engine: sa.Engine) -> dict[str, Any]:
-    """The task table as the database reports it, in comparable (repr'd) form."""
+    """The task table and its control table as the database reports them, in comparable form."""
+    tables = {TASK_TABLE: _reflect_table(engine, TASK_TABLE)}
+    if sa.inspect(engine).has_table(CONTROL_TABLE):
+        tables[CONTROL_TABLE] = _reflect_table(engine, CONTROL_TABLE)
+    return tables
+
+
+def _reflect_table(engine: sa.Engine, table_name: str) -> dict[str, Any]:
+    """One table as the database reports it, in comparable (repr'd) form."""
     inspector = sa.inspect(engine)
     return {
         "columns": [
             {key: repr(value) for key, value in sorted(column.items())}
-            for column in inspector.get_columns(TASK_TABLE)
+            for column in inspector.get_columns(table_name)
         ],
-        "primary_key": inspector.get_pk_constraint(TASK_TABLE),
+        "primary_key": inspector.get_pk_constraint(table_name),
         "indexes": sorted(
             (
                 {key: repr(value) for key, value in sorted(index.items()) if key != "dialect_options"}
@@ -164,14 +175,14 @@ def _reflect(engine: sa.Engine) -> dict[str, Any]:
                     f"dialect_options.{key}": str(value)
                     for key, value in sorted(index.get("dialect_options", {}).items())
                 }
-                for index in inspector.get_indexes(TASK_TABLE)
+                for index in inspector.get_indexes(table_name)
             ),
             key=lambda index: index["name"],
         ),
-        "unique_constraints": inspector.get_unique_constraints(TASK_TABLE),
-        "foreign_keys": inspector.get_foreign_keys(TASK_TABLE),
+        "unique_constraints": inspector.get_unique_constraints(table_name),
+        "foreign_keys": inspector.get_foreign_keys(table_name),
         "check_constraints": sorted(
-            (str(check.get("sqltext")) for check in inspector.get_check_constraints(TASK_TABLE)),
+            (str(check.get("sqltext")) for check in inspector.get_check_constraints(table_name)),
         ),
     }
 
@@ -191,6 +202,7 @@ def _assert_head_matches_model(engine: sa.Engine, downgrade: Callable[[], None])
     downgrade()
     engine.dispose()
     assert not sa.inspect(engine).has_table(TASK_TABLE)
+    assert not sa.inspect(engine).has_table(CONTROL_TABLE)
 
     # The same table made from the model, reflected the same way.
     sa_taskqueue.metadata.create_all(engine)
@@ -254,21 +266,59 @@ def test_last_error_has_the_databases_long_text_type_under_every_url_form(
     assert reflected == LAST_ERROR_TYPES[form_engine.dialect.name]
 
 
+#: The schema sa_taskqueue 0.1 installed: the last revision before the scheduling controls.
+RELEASE_0_1 = "b2b218417438"
+
+#: The columns of the 0.1 table, which upgrades and downgrades must keep as they are.
+COLUMNS_0_1 = (
+    "id", "name", "queue", "priority", "params", "status", "run_at", "attempts", "max_attempts",
+    "created_at", "started_at", "finished_at", "locked_by", "locked_until", "last_error", "result",
+)  # fmt: skip
+
+
 @pytest.mark.usefixtures("clean_database")
-def test_upgrading_a_table_made_by_the_first_revision_changes_nothing(
+def test_upgrading_the_0_1_schema_keeps_every_task_and_downgrading_restores_it(
     url_form: str, form_engine: sa.Engine
 ) -> None:
-    """A new install already has every later revision's schema; they must not alter it again."""
-    migrate.upgrade(url_form, FIRST_REVISION)
+    migrate.upgrade(url_form, RELEASE_0_1)
     form_engine.dispose()
-    first = _reflect(form_engine)
+    schema_0_1 = _reflect(form_engine)
+    task = sa_taskqueue.metadata.tables[TASK_TABLE]
+    old_columns = [task.c[name] for name in COLUMNS_0_1]
+    now = datetime.now(UTC)
+    rows = [
+        {
+            "name": f"tests.{status.value}", "queue": "default", "priority": index, "params": {"n": index},
+            "status": status, "run_at": now, "attempts": 1, "max_attempts": 3, "created_at": now,
+            "finished_at": now if status in FINISHED_STATUSES else None,
+            "locked_by": "host:1:ab" if status is TaskStatus.RUNNING else None,
+            "locked_until": now if status is TaskStatus.RUNNING else None,
+            "last_error": "ValueError: kaput" if status is TaskStatus.FAILED else None,
+            "result": {"ok": True} if status is TaskStatus.COMPLETED else None,
+        }
+        for index, status in enumerate(TaskStatus)
+    ]  # fmt: skip
+    with form_engine.begin() as connection:
+        connection.execute(task.insert(), rows)
+        before = connection.execute(sa.select(*old_columns).order_by(task.c.id)).all()
+    assert {row.status for row in before} == set(TaskStatus)
 
     migrate.upgrade(url_form)
     form_engine.dispose()
-
-    assert _reflect(form_engine) == first
     with form_engine.connect() as connection:
+        assert connection.execute(sa.select(*old_columns).order_by(task.c.id)).all() == before
+        assert connection.execute(sa.select(task.c.unique_key, task.c.active_unique_key)).all() == [
+            (None, None)
+        ] * len(before)
+        assert _schema_diff(connection) == []
         assert _current_revision(connection) == _head_revision()
+
+    migrate.downgrade(url_form, RELEASE_0_1)
+    form_engine.dispose()
+    assert _reflect(form_engine) == schema_0_1
+    assert not sa.inspect(form_engine).has_table(CONTROL_TABLE)
+    with form_engine.connect() as connection:
+        assert connection.execute(sa.select(*old_columns).order_by(task.c.id)).all() == before
 
 
 @pytest.mark.backends("mysql", "mariadb")
@@ -287,6 +337,7 @@ def test_upgrade_widens_last_error_to_mediumtext_and_keeps_the_tasks(
 ) -> None:
     migrate.upgrade(url_form, FIRST_REVISION)
     task = sa_taskqueue.metadata.tables[TASK_TABLE]
+    old_columns = [task.c[name] for name in COLUMNS_0_1]
     with form_engine.begin() as connection:
         connection.execute(sa.text(f"ALTER TABLE {TASK_TABLE} MODIFY last_error {installed_type} NULL"))
     assert type(_column(form_engine, "last_error")["type"]).__name__ == installed_type
@@ -299,7 +350,7 @@ def test_upgrade_widens_last_error_to_mediumtext_and_keeps_the_tasks(
                 {"name": "near the TEXT limit", "last_error": "x" * 60_000},
             ],
         )
-        before = connection.execute(sa.select(task).order_by(task.c.id)).all()
+        before = connection.execute(sa.select(*old_columns).order_by(task.c.id)).all()
 
     migrate.upgrade(url_form)
     form_engine.dispose()
@@ -308,7 +359,7 @@ def test_upgrade_widens_last_error_to_mediumtext_and_keeps_the_tasks(
     assert type(last_error["type"]) is upgraded_type
     assert last_error["nullable"] is True
     with form_engine.begin() as connection:
-        assert connection.execute(sa.select(task).order_by(task.c.id)).all() == before
+        assert connection.execute(sa.select(*old_columns).order_by(task.c.id)).all() == before
         # More than TEXT's 64 KiB now fits, whole.
         longer = "y" * 100_000
         connection.execute(task.update().where(task.c.id == before[0].id).values(last_error=longer))

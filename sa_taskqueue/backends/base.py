@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, ColumnElement, Connection, DateTime, Engine, Table, Text
+from sqlalchemy import JSON, ColumnElement, Connection, DateTime, Engine, Insert, Table, Text
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeEngine
 
@@ -40,6 +40,14 @@ class Backend:
     #: (SELECT ... LIMIT n)`` cannot race another writer.
     serialised_writes = False
 
+    # Retention -------------------------------------------------------------------
+
+    #: A batch of old rows is deleted by ``DELETE ... LIMIT n`` itself, because
+    #: an ``IN`` subquery may not have a LIMIT here; elsewhere by ``DELETE ...
+    #: WHERE id IN (SELECT id ... LIMIT n)`` (FETCH FIRST on Oracle), which
+    #: standard SQL allows and plain DELETE does not.
+    delete_with_limit = False
+
     # Indexes ---------------------------------------------------------------------
 
     #: An index may hold only the rows a WHERE clause selects (the queued
@@ -54,6 +62,19 @@ class Backend:
     #: A multi-row INSERT numbers its rows in order and nothing else writes
     #: meanwhile, so the new ids sorted are the rows in order.
     multi_row_insert_ids_in_order = False
+
+    # Unique tasks ----------------------------------------------------------------
+
+    #: An INSERT can skip a row that clashes with the unique-key index and go
+    #: on (``ON CONFLICT (...) WHERE ... DO NOTHING``), leaving the transaction
+    #: as it was.  Without it the INSERT runs inside a SAVEPOINT, rolled back
+    #: on the duplicate-key error (`duplicate_key`).
+    insert_skips_conflicts = False
+    #: A plain SELECT in an open transaction may miss a row another one
+    #: committed since this transaction's first read (a REPEATABLE READ
+    #: snapshot), so the task a duplicate key points at is read with a
+    #: locking read, which sees the latest committed row.
+    snapshot_reads = False
 
     # Statements and connections --------------------------------------------------
 
@@ -169,9 +190,34 @@ class Backend:
         """
         return None
 
+    def lost_lock_race(self, error: BaseException) -> bool:
+        """Whether the driver's ``error`` says the server rolled this transaction back to end a deadlock.
+
+        Such a transaction did nothing wrong and may simply run again.
+        """
+        return False
+
     def busy(self, error: BaseException | None) -> str | None:
         """If ``error`` is a wait for another connection's lock that ran out, what to tell people."""
         return None
+
+    def insert_skipping_conflicts(
+        self, into: Table | type[Any], key: ColumnElement[Any], index_where: ColumnElement[bool]
+    ) -> Insert:
+        """An INSERT into ``into`` (a table, or a mapped class) skipping a row whose ``key`` is held.
+
+        ``key`` and ``index_where`` name the partial unique index (`insert_skips_conflicts`).
+        """
+        raise NotImplementedError(f"{self.label} has no INSERT that skips conflicting rows")
+
+    def duplicate_key(self, error: BaseException | None, index: str) -> bool:
+        """Whether the driver's ``error`` is a duplicate key in the unique index named ``index``.
+
+        Any other refusal, a duplicate in another unique index included, is
+        not: it goes to the caller as it is.  By default, an error whose text
+        names the index (databases name the index or constraint refused).
+        """
+        return error is not None and index.lower() in str(error).lower()
 
     # Types ------------------------------------------------------------------------------
 

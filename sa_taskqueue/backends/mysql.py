@@ -34,6 +34,9 @@ OUTAGE_ERRORS = frozenset(
     | {3024, 4031}
 )
 
+#: ER_DUP_ENTRY: a row clashes with a unique index.
+DUPLICATE_ENTRY = 1062
+
 
 class MySQLBackend(Backend):
     skip_locked = True
@@ -44,6 +47,15 @@ class MySQLBackend(Backend):
     direct_execution = True
     # DATETIME keeps no zone.
     stores_naive_utc = True
+    # Error 1235: "doesn't yet support 'LIMIT & IN/ALL/ANY/SOME subquery'";
+    # DELETE itself takes a LIMIT instead.
+    delete_with_limit = True
+    # No ON CONFLICT; INSERT IGNORE would turn every other error of the row
+    # into a warning, so a duplicate key is caught inside a SAVEPOINT instead.
+    insert_skips_conflicts = False
+    # InnoDB's default REPEATABLE READ reads from the transaction's first
+    # snapshot: the task a duplicate key points at may have committed after it.
+    snapshot_reads = True
 
     @property
     def is_mariadb(self) -> bool:
@@ -95,6 +107,19 @@ class MySQLBackend(Backend):
             return None
         return CLIENT_ERRORS[0] <= code <= CLIENT_ERRORS[1] or code in OUTAGE_ERRORS
 
+    def lost_lock_race(self, error: BaseException) -> bool:
+        # ER_LOCK_DEADLOCK: InnoDB picked this transaction as a deadlock's
+        # victim and rolled it back (it locks unique index entries in gaps,
+        # so even claimers that take slots in one order can meet).
+        args: tuple[Any, ...] = getattr(error, "args", ())
+        return bool(args) and args[0] == ER_LOCK_DEADLOCK
+
+    def duplicate_key(self, error: BaseException | None, index: str) -> bool:
+        # ER_DUP_ENTRY (1062): "Duplicate entry '...' for key '<index>'" (MySQL
+        # 8 writes '<table>.<index>').
+        args: tuple[Any, ...] = getattr(error, "args", ())
+        return bool(args) and args[0] == DUPLICATE_ENTRY and super().duplicate_key(error, index)
+
     def datetime_type(self) -> TypeEngine[Any]:
         # DATETIME has whole seconds unless asked for fsp=6.
         return mysql.DATETIME(fsp=6)
@@ -104,12 +129,17 @@ class MySQLBackend(Backend):
         return mysql.MEDIUMTEXT()
 
 
+#: MySQL's and MariaDB's "Deadlock found when trying to get lock".
+ER_LOCK_DEADLOCK = 1213
+
+
 def _lock_name(namespace: int, key: int) -> str:
     return f"sa_taskqueue:{namespace & 0xFFFFFFFF:08x}:{key}"
 
 
 __all__ = [
     "CLIENT_ERRORS",
+    "DUPLICATE_ENTRY",
     "MARIADB_SKIP_LOCKED_SINCE",
     "MYSQL_SKIP_LOCKED_SINCE",
     "OUTAGE_ERRORS",

@@ -31,10 +31,23 @@ class OracleBackend(Backend):
     stores_naive_utc = True
     # Oracle before 21c has no JSON type, and SQLAlchemy's support for it varies.
     json_as_text = True
+    # No ON CONFLICT: a duplicate key (ORA-00001) is caught inside a SAVEPOINT.
+    # (Statement-level read consistency: a plain SELECT sees the clashing row.)
+    insert_skips_conflicts = False
 
     def configure_engine(self, engine: Engine) -> None:
         if not event.contains(engine, "before_cursor_execute", size_fetch):
             event.listen(engine, "before_cursor_execute", size_fetch)
+
+    def duplicate_key(self, error: BaseException | None, index: str) -> bool:
+        # ORA-00001: "unique constraint (<schema>.<INDEX>) violated"; the
+        # statement alone is undone, the transaction goes on.
+        return "ORA-00001" in str(error) and super().duplicate_key(error, index)
+
+    def lost_lock_race(self, error: BaseException) -> bool:
+        # ORA-00060: "deadlock detected while waiting for resource"; Oracle
+        # undoes the statement, and the claim rolls its transaction back.
+        return "ORA-00060" in str(error)
 
     def datetime_type(self) -> TypeEngine[Any]:
         # DateTime(timezone=True) becomes DATE here: whole seconds.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import ColumnElement, Engine, Table, func
+from sqlalchemy import ColumnElement, Engine, Insert, Table, func
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.types import TypeEngine
 
@@ -37,6 +37,9 @@ class PostgreSQLBackend(Backend):
     # psycopg splits a multi-row INSERT's thousands of placeholders out with a
     # regular expression on every run; nine arrays cost it nothing.
     insert_from_arrays = True
+    # INSERT ... ON CONFLICT DO NOTHING (9.5+) waits for a clashing insert
+    # still in flight, then skips the row without an error.
+    insert_skips_conflicts = True
     # psycopg and psycopg2 decode json and jsonb as they fetch a row.
     driver_decodes_json = True
 
@@ -70,9 +73,23 @@ class PostgreSQLBackend(Backend):
             return None
         return sqlstate[:2] in OUTAGE_CLASSES or sqlstate in OUTAGE_STATES
 
+    def lost_lock_race(self, error: BaseException) -> bool:
+        # deadlock_detected: the server rolled this transaction back to break a cycle.
+        return (getattr(error, "sqlstate", None) or getattr(error, "pgcode", None)) == DEADLOCK_DETECTED
+
+    def insert_skipping_conflicts(
+        self, into: Table | type[Any], key: ColumnElement[Any], index_where: ColumnElement[bool]
+    ) -> Insert:
+        # The target names the partial index by its column and predicate.
+        return postgresql.insert(into).on_conflict_do_nothing(index_elements=[key], index_where=index_where)
+
     def json_type(self) -> TypeEngine[Any]:
         # JSONB: compact, and comparable in SQL should a query ever need it.
         return postgresql.JSONB(none_as_null=True)
+
+
+#: SQLSTATE of a transaction rolled back to end a deadlock.
+DEADLOCK_DETECTED = "40P01"
 
 
 def _int4(value: int) -> int:

@@ -7,7 +7,8 @@ import sqlite3
 import time
 from typing import Any
 
-from sqlalchemy import Connection, Engine, event
+from sqlalchemy import ColumnElement, Connection, Engine, Insert, Table, event
+from sqlalchemy.dialects import sqlite
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.pool import ConnectionPoolEntry
 
@@ -55,6 +56,8 @@ class SQLiteBackend(Backend):
     explain_prefix = "EXPLAIN QUERY PLAN "
     # ALTER TABLE cannot change a column's type or add most constraints.
     batch_migrations = True
+    # INSERT ... ON CONFLICT DO NOTHING (3.24+), with the partial index's WHERE as its target.
+    insert_skips_conflicts = True
     # No datetime type at all: values are text, kept as UTC wall time.
     stores_naive_utc = True
 
@@ -76,6 +79,12 @@ class SQLiteBackend(Backend):
         with engine.connect() as conn:
             if _journal_mode(conn) != "wal":
                 _switch_to_wal(conn, str(engine.url.database))
+
+    def insert_skipping_conflicts(
+        self, into: Table | type[Any], key: ColumnElement[Any], index_where: ColumnElement[bool]
+    ) -> Insert:
+        # A partial index is a conflict target only with its WHERE repeated.
+        return sqlite.insert(into).on_conflict_do_nothing(index_elements=[key], index_where=index_where)
 
     def outage(self, error: BaseException) -> bool | None:
         # sqlite3 files every failure, "too many columns" as much as an I/O

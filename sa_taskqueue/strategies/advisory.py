@@ -39,6 +39,15 @@ from sa_taskqueue.model import TaskStatus, has_status
 from sa_taskqueue.strategies.base import ClaimStrategy
 from sa_taskqueue.strategies.claiming import ClaimRequest, claimed_values, due_clause, due_select, whole_row
 from sa_taskqueue.strategies.lease import orphan_values, same_claim
+from sa_taskqueue.strategies.limited import (
+    Limits,
+    assign_slots,
+    candidate_window,
+    candidates_query,
+    lost_slot_race,
+    store_missing_keys,
+    taken_slots,
+)
 
 WORKER_LOST_ERROR = "worker lost: its connection closed while the task was running"
 
@@ -156,6 +165,52 @@ class AdvisoryLockStrategy(ClaimStrategy):
             conn.invalidate()
             conn.close()
             raise
+        return self._hold(conn, locks, rows)
+
+    def claim_limited(
+        self, engine: Engine, table: Table, request: ClaimRequest, limits: Limits
+    ) -> list[dict[str, Any]]:
+        """As `claim`, each row also taking a free slot of its concurrency key (`strategies.limited`).
+
+        The advisory locks stay what says who holds a task; the slot is one
+        more column of the UPDATE that marks it running.  Each UPDATE commits
+        on its own here (autocommit), so a slot another claimer took at the
+        same moment fails just that row's UPDATE, whose lock is given back.
+        """
+        locks = AdvisoryLocks(engine, table)
+        conn = engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        try:
+            taken = taken_slots(conn, table, request, limits)
+            full = sorted(key for key, (limit, slots) in taken.items() if len(slots) >= limit)
+            query = candidates_query(table, request, full).limit(candidate_window(request))
+            candidates = [dict(row) for row in conn.execute(query, request.params()).mappings()]
+            plan = assign_slots(candidates, taken, limits, request.limit)
+            store_missing_keys(conn, table, candidates, {row["id"] for _, _, row in plan}, limits)
+            locked = set(locks.try_lock(conn, [row["id"] for _, _, row in plan]))
+            rows: list[dict[str, Any]] = []
+            for key, slot, row in sorted(plan, key=lambda item: (item[0], item[1])):
+                if row["id"] not in locked:
+                    continue
+                try:
+                    rows += self._mark_running(
+                        conn, table, request, [row["id"]], concurrency_key=key, concurrency_slot=slot
+                    )
+                except DBAPIError as error:
+                    if not lost_slot_race(engine, error):
+                        raise
+                    # The slot was taken meanwhile: only this row's UPDATE is undone.
+            claimed_ids = {row["id"] for row in rows}
+            locks.unlock(conn, [task_id for task_id in locked if task_id not in claimed_ids])
+        except BaseException:
+            conn.invalidate()
+            conn.close()
+            raise
+        return self._hold(conn, locks, rows)
+
+    def _hold(
+        self, conn: Connection, locks: AdvisoryLocks, rows: list[dict[str, Any]]
+    ) -> list[dict[str, Any]]:
+        """Keep ``conn``, and the locks it holds, for as long as ``rows``' tasks run."""
         if not rows:
             conn.close()
             return []
@@ -166,13 +221,13 @@ class AdvisoryLockStrategy(ClaimStrategy):
         return rows
 
     def _mark_running(
-        self, conn: Connection, table: Table, request: ClaimRequest, ids: list[int]
+        self, conn: Connection, table: Table, request: ClaimRequest, ids: list[int], **also: Any
     ) -> list[dict[str, Any]]:
         # Holding the lock, re-check that each row is still queued and due.
         claim = (
             update(table)
             .where(table.c.id.in_(ids), due_clause(table, request))
-            .values(**claimed_values(table, request))
+            .values(**claimed_values(table, request), **also)
         )
         if backend_for(conn.dialect).update_returning:
             returned = conn.execute(claim.returning(*whole_row(table)), request.params())

@@ -13,12 +13,13 @@ from abc import ABC, abstractmethod
 from datetime import timedelta
 from typing import Any, ClassVar
 
-from sqlalchemy import Engine, Table
+from sqlalchemy import Engine, Select, Table
 from sqlalchemy.engine import Dialect
 
 from sa_taskqueue.executor import StatementExecutor
 from sa_taskqueue.strategies.claiming import ClaimRequest, due_select, limit_param
 from sa_taskqueue.strategies.lease import LeaseWrites
+from sa_taskqueue.strategies.limited import Limits, candidate_window, claim_limited
 
 
 class ClaimStrategy(LeaseWrites, ABC):
@@ -78,6 +79,27 @@ class ClaimStrategy(LeaseWrites, ABC):
         column's JSON text (`read_back`, `whole_row`), for `ClaimedTask.from_row`
         to decode row by row: one malformed row must not fail the whole claim.
         """
+
+    def claim_limited(
+        self, engine: Engine, table: Table, request: ClaimRequest, limits: Limits
+    ) -> list[dict[str, Any]]:
+        """As `claim`, for tasks with a concurrency limit: each claimed row also takes a free slot of its key.
+
+        ``request.names`` are the limited names, all of them in ``limits``.
+        The rows come back as `claim`'s do, with ``concurrency_key`` and
+        ``concurrency_slot``.  The claim is `sa_taskqueue.strategies.limited`'s,
+        run in this strategy's transaction with its candidates locked as
+        `limited_candidates` says.
+        """
+        return claim_limited(self, engine, table, request, limits)
+
+    def limited_candidates(self, dialect: Dialect, query: Select[Any], request: ClaimRequest) -> Any:
+        """The limited claim's candidates: ``query`` (due rows in claim order), bounded, locked.
+
+        Without row locks here: the limited claim's UPDATE is fenced on the
+        attempt seen, so a row another claimer took meanwhile is not taken twice.
+        """
+        return query.limit(candidate_window(request))
 
     def finding_statement(self, dialect: Dialect, table: Table, request: ClaimRequest) -> Any:
         """The statement whose plan decides how fast a claim finds its rows (what EXPLAIN should see).

@@ -25,6 +25,7 @@ WORKER = "claim_worker"
 LEASE_UNTIL = "claim_lease_until"
 QUEUES = "claim_queue"
 NAMES = "claim_name"
+PAUSED = "claim_paused"
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,10 @@ class ClaimRequest:
 
     ``names``, when given, restricts the claim to tasks of those names: a
     worker takes only what it has functions for, and leaves a newer
-    release's tasks queued for the workers that know them.
+    release's tasks queued for the workers that know them.  ``paused``,
+    when given, leaves out the tasks of those queues (`sa_taskqueue.pausing`):
+    a claim of every queue while some are paused.  None, the usual case,
+    keeps the claim's SQL as it is without pauses.
     """
 
     limit: int
@@ -42,6 +46,7 @@ class ClaimRequest:
     now: datetime
     lease_until: datetime
     names: tuple[str, ...] | None = None
+    paused: tuple[str, ...] | None = None
 
     def params(self) -> dict[str, Any]:
         """The values of the bound parameters that `due_clause` and `claimed_values` leave open."""
@@ -55,14 +60,17 @@ class ClaimRequest:
             params.update(zip(queue_params(len(self.queues)), self.queues, strict=True))
         if self.names is not None:
             params.update(zip(name_params(len(self.names)), self.names, strict=True))
+        if self.paused is not None:
+            params.update(zip(paused_params(len(self.paused)), self.paused, strict=True))
         return params
 
     @property
-    def shape(self) -> tuple[int | None, int | None]:
-        """What changes the claim statement's SQL (not just its parameters): how many queues and names."""
+    def shape(self) -> tuple[int | None, int | None, int | None]:
+        """What changes the claim's SQL (not just its parameters): how many queues, names, paused."""
         return (
             len(self.queues) if self.queues is not None else None,
             len(self.names) if self.names is not None else None,
+            len(self.paused) if self.paused is not None else None,
         )
 
 
@@ -74,6 +82,11 @@ def queue_params(count: int) -> list[str]:
 def name_params(count: int) -> list[str]:
     """The parameters holding the task names a claim is limited to, one per name."""
     return [f"{NAMES}_{index}" for index in range(count)]
+
+
+def paused_params(count: int) -> list[str]:
+    """The parameters holding the paused queues a claim of every queue leaves out, one per queue."""
+    return [f"{PAUSED}_{index}" for index in range(count)]
 
 
 def due_clause(table: Table, request: ClaimRequest) -> ColumnElement[bool]:
@@ -93,6 +106,11 @@ def due_clause(table: Table, request: ClaimRequest) -> ColumnElement[bool]:
     if request.names is not None:
         names = name_params(len(request.names))
         clause = and_(clause, table.c.name.in_([bindparam(name, type_=table.c.name.type) for name in names]))
+    if request.paused is not None:
+        names = paused_params(len(request.paused))
+        clause = and_(
+            clause, table.c.queue.not_in([bindparam(name, type_=table.c.queue.type) for name in names])
+        )
     return clause
 
 
@@ -172,6 +190,7 @@ __all__ = [
     "due_select",
     "limit_param",
     "name_params",
+    "paused_params",
     "queue_params",
     "read_back",
     "whole_row",

@@ -303,6 +303,8 @@ def orphan_values(table: Table, now: datetime, reason: str) -> dict[str, Any]:
         "finished_at": case((out_of_attempts, literal(now, UTCDateTime())), else_=None),
         "last_error": reason,
         "locked_until": None,
+        # A limited task's slot, cleared as in `TaskQueue.fail` (it stops counting once not running).
+        "concurrency_slot": None,
     }
 
 

@@ -32,6 +32,7 @@ from sa_taskqueue.strategies.claiming import (
     read_back,
     whole_row,
 )
+from sa_taskqueue.strategies.limited import candidate_window
 
 
 class SkipLockedStrategy(ClaimStrategy):
@@ -163,6 +164,17 @@ class SkipLockedStrategy(ClaimStrategy):
             )
             rows = conn.execute(select(*whole_row(table)).where(table.c.id.in_(ids))).mappings().all()
         return [dict(row) for row in rows]
+
+    # Limited claims ----------------------------------------------------------------
+
+    def limited_candidates(self, dialect: Dialect, query: Select[Any], request: ClaimRequest) -> Any:
+        locked = query.with_for_update(skip_locked=True)
+        if not backend_for(dialect).limit_with_for_update:
+            # Oracle: no row limit beside FOR UPDATE; the claim fetches only
+            # the window from this unbounded cursor, and the driver is told
+            # to fetch no more, so only those rows are locked.
+            return locked.execution_options(**{FETCH_ROWS_OPTION: candidate_window(request)})
+        return locked.limit(candidate_window(request))
 
     # Shared -------------------------------------------------------------------------
 
