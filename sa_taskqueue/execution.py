@@ -57,6 +57,9 @@ class Outcome:
     result: Any = None
     error: BaseException | None = None
     error_text: str | None = None  # a child's formatted traceback, kept verbatim
+    #: A transactional task's: True when its completion committed with its writes (nothing left
+    #: to record), False when they were rolled back for a lost lease (nothing to record either).
+    committed: bool | None = None
 
     @property
     def ok(self) -> bool:

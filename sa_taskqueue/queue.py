@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeGuard, TypeVar, cast, overload
 from zoneinfo import ZoneInfo
 
-from sqlalchemy import Engine, Table
+from sqlalchemy import Connection, Engine, Table
 from sqlalchemy.orm import Session, scoped_session, sessionmaker
 
 from sa_taskqueue import retention as retention_rows
@@ -32,6 +32,7 @@ from sa_taskqueue.error_text import format_error
 from sa_taskqueue.event_loop_bridge import EventLoopBridge, asyncio_extension
 from sa_taskqueue.exceptions import translate_database_errors
 from sa_taskqueue.explain import explain
+from sa_taskqueue.finished import notify_finished
 from sa_taskqueue.limits import ColumnLimits
 from sa_taskqueue.model import Task, TaskMixin, TaskStatus
 from sa_taskqueue.notify import notify_enqueued
@@ -49,6 +50,7 @@ from sa_taskqueue.strategies.base import ClaimStrategy
 from sa_taskqueue.strategies.claiming import ClaimRequest
 from sa_taskqueue.strategies.lease import LEASE_EXPIRED_ERROR
 from sa_taskqueue.strategies.limited import Limits
+from sa_taskqueue.transactional import check_transactional
 from sa_taskqueue.types import utcnow
 from sa_taskqueue.unawaited import EnqueueCoroutine
 
@@ -195,6 +197,7 @@ class TaskQueue:
         concurrency_limit: int | None = None,
         concurrency_key: KeySpec = None,
         unique_by: Sequence[str] | None = None,
+        transactional: bool = False,
     ) -> Callable[[Callable[P, R]], RegisteredTask[P, R]]: ...
 
     def task(
@@ -209,6 +212,7 @@ class TaskQueue:
         concurrency_limit: int | None = None,
         concurrency_key: KeySpec = None,
         unique_by: Sequence[str] | None = None,
+        transactional: bool = False,
     ) -> RegisteredTask[P, R] | Callable[[Callable[P, R]], RegisteredTask[P, R]]:
         """Register a function as a task; usable as ``@queue.task`` or ``@queue.task("name", ...)``.
 
@@ -223,9 +227,18 @@ class TaskQueue:
         ``unique_by`` names params whose values make each enqueue's unique
         key (`sa_taskqueue.unique.derive_key`): while a task with the same
         values is queued or running, another enqueue returns it instead.
+
+        ``transactional=True``: the function takes a session as its first
+        parameter (a `Session`, or an `AsyncSession` for an ``async def`` on
+        a queue on an `AsyncEngine`), which the worker opens on the queue's
+        engine; what the task writes through it commits in one transaction
+        with its completion, or not at all (`sa_taskqueue.transactional`).
+        Params never include the session.
         """
         if callable(name):
             return self.task()(name)
+        if not isinstance(transactional, bool):
+            raise TypeError(f"transactional must be True or False, got {transactional!r}")
         validation.check_queue_name(queue, self._limits)
         validation.check_priority(priority, self._limits)
         validation.check_max_attempts(max_attempts, self._limits)
@@ -240,7 +253,13 @@ class TaskQueue:
             if not isinstance(task_name, str) or not task_name:
                 raise ValueError(f"task name must be a non-empty string, got {task_name!r}")
             validation.check_task_name(task_name, self._limits)
-            task_options = replace(options, unique_by=unique.check_unique_by(unique_by, func, task_name))
+            if transactional:
+                check_transactional(func, task_name, queue_is_async=self.is_async)
+            task_options = replace(
+                options,
+                unique_by=unique.check_unique_by(unique_by, func, task_name),
+                transactional=transactional,
+            )
             if concurrency_limit is not None:
                 limit = ConcurrencyLimit.of(task_name, func, concurrency_limit, concurrency_key)
                 task_options = replace(task_options, concurrency=limit)
@@ -805,6 +824,30 @@ class TaskQueue:
         }
         _give_up_slot(claimed, values)
         return self._finish(claimed, values, self.clock())
+
+    def complete_in(self, conn: Connection, claimed: ClaimedTask, result: Any = None) -> bool:
+        """In ``conn``'s open transaction, mark the task COMPLETED if ``claimed`` still holds it; True if so.
+
+        A transactional task's completion, written beside its own writes:
+        the caller commits when this returns True, and rolls everything back
+        when it returns False (the task is no longer this claim's).  The
+        finished-task notification goes out with that commit.
+        """
+        _check_claimed(claimed)
+        validation.check_result(result)
+        now = self.clock()
+        values = {"status": TaskStatus.COMPLETED, "finished_at": now, "locked_until": None, "result": result}
+        with self._database_errors():
+            written = self.strategy.complete_on(conn, self.table, claimed, values, now)
+            if written:
+                notify_finished(conn, self.table, [claimed.id])
+        return written
+
+    def let_go(self, claimed: ClaimedTask) -> None:
+        """A transactional task's transaction has ended: drop what the strategy still holds for it."""
+        strategy = self.strategy
+        with self._database_errors():
+            self._bridge.call(lambda: strategy.settled(claimed))
 
     def outcome_written(self, claimed: ClaimedTask, *, completed: bool) -> bool:
         """Whether this claim's own outcome is in the row: completed, or else failed or set to retry.

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, cast, overlo
 
 from sa_taskqueue import validation
 from sa_taskqueue.limits import ColumnLimits
+from sa_taskqueue.transactional import without_session
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession, async_scoped_session
@@ -42,6 +43,9 @@ class TaskOptions:
     concurrency: ConcurrencyLimit | None = None
     #: The params whose values make each enqueue's unique key (`sa_taskqueue.unique.derive_key`).
     unique_by: tuple[str, ...] | None = None
+    #: The function takes a session first, and its writes through it commit with its completion
+    #: (`sa_taskqueue.transactional`).
+    transactional: bool = False
 
 
 class RegisteredTask(Generic[P, R]):
@@ -59,7 +63,7 @@ class RegisteredTask(Generic[P, R]):
         self.name = name
         self.options = options
         functools.update_wrapper(self, func)
-        self._signature = signature_to_check(func)
+        self._signature = signature_to_check(func, skip_session=options.transactional)
         self._fitting_keys: set[frozenset[str]] = set()
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
@@ -305,12 +309,18 @@ class TaskWithOptions:
 _REMEMBERED_KEY_SETS = 64
 
 
-def signature_to_check(func: Callable[..., Any]) -> inspect.Signature | None:
-    """The signature params are bound to, or None where any keywords fit or it cannot be read."""
+def signature_to_check(func: Callable[..., Any], *, skip_session: bool = False) -> inspect.Signature | None:
+    """The signature params are bound to, or None where any keywords fit or it cannot be read.
+
+    ``skip_session`` leaves out the first parameter: a transactional task's
+    session, which the worker passes and params never hold.
+    """
     try:
         signature = inspect.signature(func)
     except (TypeError, ValueError):  # some builtins and C callables have none
         return None
+    if skip_session:
+        signature = without_session(signature)
     parameters = signature.parameters.values()
     takes_any_keyword = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
     requires = any(

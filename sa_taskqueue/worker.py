@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
@@ -48,11 +48,13 @@ from sa_taskqueue.execution import (
 from sa_taskqueue.log_fields import task_fields
 from sa_taskqueue.notify import Listener, can_listen
 from sa_taskqueue.schedules import run_ticker
+from sa_taskqueue.transactional import AsyncRun, SyncRun, check_no_transactional, log_lease_lost
 from sa_taskqueue.validation import is_storable
 from sa_taskqueue.watchdog import Watchdog, kill_at, register_child
 
 if TYPE_CHECKING:
     from sa_taskqueue.queue import TaskQueue
+    from sa_taskqueue.registered import RegisteredTask
 
 logger = logging.getLogger("sa_taskqueue")
 
@@ -196,6 +198,8 @@ class Worker:
 
     def run(self) -> None:
         """Run until stopped (or, with ``burst``, until nothing is due)."""
+        if self.isolation == "process":
+            check_no_transactional(self.queue)
         if self.watchdog:
             self._watchdog = Watchdog(self._watchdog_lost)
         restore_signals = self._install_signal_handlers()
@@ -420,6 +424,10 @@ class Worker:
         elif registered is None:
             # Only registered functions run: a row's name is never imported.
             outcome = Outcome(error=TaskNotRegistered(task.name))
+        elif registered.options.transactional:
+            if slot.given_back:
+                return
+            outcome = self._run_transactional(slot, registered)
         elif self.isolation == "process":
             with slot.lock:
                 if slot.given_back:
@@ -439,7 +447,7 @@ class Worker:
             else:
                 outcome = run_in_thread(registered.func, task.params, registered.options.timeout)
         self._finished(slot)
-        if slot.given_back or isinstance(outcome.error, GivenBack):
+        if slot.given_back or isinstance(outcome.error, GivenBack) or outcome.committed is False:
             return
         duration = time.monotonic() - slot.started
         if outcome.error is None:
@@ -452,12 +460,13 @@ class Worker:
                 duration,
                 extra=task_fields(task, self.worker_id, duration=duration),
             )
-            slot.completing = True
-            try:
-                self._complete(task, outcome)
-            finally:
-                slot.completing = False
-                self._wake.set()  # the loop may be waiting for this write before it claims
+            if not outcome.committed:  # (a transactional task's completion is written already)
+                slot.completing = True
+                try:
+                    self._complete(task, outcome)
+                finally:
+                    slot.completing = False
+                    self._wake.set()  # the loop may be waiting for this write before it claims
             self._hook(self.on_success, task, outcome.result)
         else:
             with self._lock:
@@ -474,6 +483,51 @@ class Worker:
             )
             self._record(task, outcome)
             self._hook(self.on_failure, task, outcome.error)
+
+    def _run_transactional(self, slot: _Running, registered: RegisteredTask[Any, Any]) -> Outcome:
+        """Run a transactional task, then commit its writes with its completion, or roll them back.
+
+        The commit is written only while the run succeeded in time and the
+        worker still counts the task as its own (not given back, its lease
+        not lost): a sync task that outran its timeout, or was given up while
+        its thread ran on, can never commit.  The fenced UPDATE decides the
+        rest (`sa_taskqueue.transactional`).  A failure is returned, its
+        writes rolled back, for the ordinary fail path.
+        """
+        task = slot.task
+        timeout = registered.options.timeout
+        settle: Callable[[Any, bool], bool]
+        if registered.is_async:
+            loop = self.queue.event_loop()  # where the queue's AsyncEngine's connections live
+            async_run = AsyncRun(self.queue, registered.func)
+            outcome = run_on_loop(async_run.call, task.params, timeout, loop, partial(self._started, slot))
+
+            def settle(result: Any, commit: bool) -> bool:
+                coroutine = async_run.settle(task, result, commit=commit)
+                return asyncio.run_coroutine_threadsafe(coroutine, loop).result()
+
+        else:
+            sync_run = SyncRun(self.queue, registered.func)
+            outcome = run_in_thread(sync_run.call, task.params, timeout)
+
+            def settle(result: Any, commit: bool) -> bool:
+                return sync_run.settle(task, result, commit=commit)
+
+        if not outcome.ok:
+            settle(None, False)  # (rolled back already, unless it failed after the call)
+            return outcome
+        may_commit = not (slot.given_back or slot.lease_lost)
+        try:
+            committed = settle(outcome.result, may_commit)
+        except Exception as error:  # noqa: BLE001 - recorded as the task's failure, its writes rolled back
+            return Outcome(error=error)
+        try:
+            self.queue.let_go(task)
+        except Exception:
+            logger.exception("task %d %s: could not let go of its claim", *_ids(task))
+        if not committed:
+            log_lease_lost(task)
+        return replace(outcome, committed=committed)
 
     def _started(self, slot: _Running, future: Future[Outcome]) -> bool:
         """Keep an async run's future, for giving it back; False if it was given back already."""

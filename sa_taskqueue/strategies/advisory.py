@@ -273,6 +273,37 @@ class AdvisoryLockStrategy(ClaimStrategy):
             self._release(holder, key)
         return written
 
+    def complete_on(
+        self, conn: Connection, table: Table, task: ClaimedTask, values: Any, now: datetime
+    ) -> bool:
+        """The fenced completion of a transactional task, on its own connection, not the lock holder's.
+
+        The advisory lock stays on the holder's connection until the task's
+        transaction has ended (`settled` then releases it); the UPDATE here is
+        fenced on the claim's identity (locked_by, attempts, started_at,
+        status RUNNING), as `finish` is.  That is safe against recovery
+        giving the task to another worker meanwhile: recovery can take the
+        lock only once the holder's connection is gone, and then changes the
+        row with an UPDATE of its own, conditioned on status RUNNING.  Both
+        UPDATEs take the row's lock, so they are serialised by the database:
+        if recovery's commits first, ours re-reads the row, finds it QUEUED
+        (or claimed again, under another identity) and matches nothing, and
+        the task's transaction rolls back; if ours comes first, recovery
+        waits for our commit and then finds the row COMPLETED, and leaves it.
+        Either way exactly one of them changes the row.
+        """
+        return self.write_if_held(conn, table, task, values, now)
+
+    def settled(self, task: ClaimedTask) -> None:
+        # Only now may the lock go: released earlier, recovery could take it
+        # while the task's transaction is still open (harmless, by the fence,
+        # but a needless rollback).
+        key = task.claim_key
+        with self._holders_mutex:
+            holder = self._holders.get(key)
+        if holder is not None:
+            self._release(holder, key)
+
     def complete_many(
         self,
         engine: Engine,

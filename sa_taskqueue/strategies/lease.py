@@ -103,6 +103,24 @@ class LeaseWrites:
         params.update({f"set_{name}": value for name, value in values.items()})
         return prepared.execute(conn, params).rowcount == 1
 
+    def complete_on(
+        self, conn: Connection, table: Table, task: ClaimedTask, values: Mapping[str, Any], now: datetime
+    ) -> bool:
+        """`finish`'s fenced UPDATE, on ``conn`` inside its caller's open transaction; True if it wrote.
+
+        A transactional task's completion: the caller commits its own writes
+        with it only when it wrote, and rolls back otherwise.  Until that
+        transaction ends the UPDATE holds the row's lock, so no recovery or
+        claim can take the task between the fence and the commit.
+        """
+        return self.write_if_held(conn, table, task, values, now)
+
+    def settled(self, task: ClaimedTask) -> None:
+        """The transaction that ran `complete_on` for ``task`` has ended: let go of what else held it.
+
+        Nothing here: the row alone said who held the task.
+        """
+
     def complete_many(
         self,
         engine: Engine,
