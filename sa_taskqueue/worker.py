@@ -517,10 +517,14 @@ class Worker:
             settle(None, False)  # (rolled back already, unless it failed after the call)
             return outcome
         may_commit = not (slot.given_back or slot.lease_lost)
+        slot.completing = True  # (the loop may claim for this slot now, in one claim with others)
         try:
             committed = settle(outcome.result, may_commit)
         except Exception as error:  # noqa: BLE001 - recorded as the task's failure, its writes rolled back
             return Outcome(error=error)
+        finally:
+            slot.completing = False
+            self._wake.set()
         try:
             self.queue.let_go(task)
         except Exception:
@@ -721,7 +725,9 @@ class Worker:
         for slot in slots:
             if slot.task.id in renewed:
                 slot.renewed_at = sent_at
-            elif not slot.finished:  # (a task that just finished has its outcome written instead)
+            # (A task that just finished has its outcome written instead; a
+            # transactional one may have committed it before its slot is freed.)
+            elif not slot.finished and not slot.completing:
                 self._give_up(slot, "its lease was taken over")
 
     def _stop_unrenewed(self, lease: float, interval: float) -> None:

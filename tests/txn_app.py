@@ -9,8 +9,10 @@ task whose writes committed twice shows as two rows.  Run as
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import threading
+import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
@@ -70,7 +72,7 @@ def make_txn_queue(
     *,
     bind: Any = None,
 ) -> tq.TaskQueue:
-    """A queue with transactional ``effect`` (one row, then maybe raise) and ``effect_slow`` (timeout 0.2s).
+    """A queue with transactional ``effect`` (one row, maybe a pause, maybe a raise) and ``effect_slow``.
 
     On an async engine (``--async-driver``) the tasks are ``async def`` and get
     an AsyncSession; on a sync one, plain ``def`` getting a Session.
@@ -82,17 +84,19 @@ def make_txn_queue(
     if queue.is_async:
 
         @queue.task(name="effect", transactional=True, retry_delay=fast_retry)
-        async def effect_async(session: Any, key: int, fail: bool = False, commit: bool = False) -> int:
+        async def effect_async(
+            session: Any, key: int, fail: bool = False, commit: bool = False, pause: float = 0.0
+        ) -> int:
             session.add(Effect(task_key=key))
             await (session.commit() if commit else session.flush())
+            if pause:
+                await asyncio.sleep(pause)  # inside the transaction, its insert made
             if fail:
                 raise RuntimeError(f"task {key} failed after writing")
             return key
 
         @queue.task(name="effect_slow", transactional=True, timeout=0.2)
         async def effect_slow_async(session: Any, key: int) -> int:
-            import asyncio
-
             session.add(Effect(task_key=key))
             await session.flush()
             await asyncio.sleep(0.4)
@@ -101,17 +105,19 @@ def make_txn_queue(
     else:
 
         @queue.task(name="effect", transactional=True, retry_delay=fast_retry)
-        def effect(session: Session, key: int, fail: bool = False, commit: bool = False) -> int:
+        def effect(
+            session: Session, key: int, fail: bool = False, commit: bool = False, pause: float = 0.0
+        ) -> int:
             session.add(Effect(task_key=key))
             session.commit() if commit else session.flush()
+            if pause:
+                time.sleep(pause)  # inside the transaction, its insert made
             if fail:
                 raise RuntimeError(f"task {key} failed after writing")
             return key
 
         @queue.task(name="effect_slow", transactional=True, timeout=0.2)
         def effect_slow(session: Session, key: int) -> int:
-            import time
-
             session.add(Effect(task_key=key))
             session.flush()
             time.sleep(0.4)
