@@ -7,7 +7,7 @@ run ``queue.run_worker()``.
 
 from __future__ import annotations
 
-from sa_taskqueue import backends, session_events, strategies
+from sa_taskqueue import backends, health, session_events, strategies
 from sa_taskqueue.claimed import ClaimedTask
 from sa_taskqueue.event_loop_bridge import SyncCallOnEventLoop
 from sa_taskqueue.exceptions import (
@@ -20,6 +20,7 @@ from sa_taskqueue.exceptions import (
     TaskNotRegistered,
     TaskQueueError,
 )
+from sa_taskqueue.health import HealthThresholds, TableHealth
 from sa_taskqueue.model import Base, Task, TaskMixin, TaskStatus, metadata
 from sa_taskqueue.queue import TaskQueue
 from sa_taskqueue.registered import RegisteredTask, TaskWithOptions
@@ -38,11 +39,13 @@ __all__ = [
     "DatabaseBusy",
     "DatabaseError",
     "DatabaseUnavailable",
+    "HealthThresholds",
     "MalformedTask",
     "RegisteredTask",
     "SchemaMissing",
     "StrategyError",
     "SyncCallOnEventLoop",
+    "TableHealth",
     "Task",
     "TaskMixin",
     "TaskNotRegistered",
@@ -52,6 +55,7 @@ __all__ = [
     "TaskWithOptions",
     "Worker",
     "backends",
+    "health",
     "metadata",
     "strategies",
 ]

@@ -39,6 +39,7 @@ from sa_taskqueue.exceptions import (
     SchemaMissing,
     TaskQueueError,
 )
+from sa_taskqueue.health import HealthThresholds, health_lines
 from sa_taskqueue.limits import ColumnLimits
 from sa_taskqueue.log_fields import TASK_LOG_FIELDS
 from sa_taskqueue.model import TaskStatus
@@ -842,6 +843,82 @@ def _purge(
     engine: sa.Engine, table: sa.Table, /, statuses: list[str], older_than: timedelta, batch_size: int
 ) -> int:
     return Admin(engine, table).purge(statuses, older_than, batch_size)
+
+
+# health ---------------------------------------------------------------------------
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="One JSON object: figures, findings, notes and ok.")
+@click.option(
+    "--max-transaction-age",
+    type=cli_params.THRESHOLD_AGE,
+    default=None,
+    help="Flag transactions open longer than this (default 60s).",
+)
+@click.option(
+    "--max-dead-rows",
+    type=cli_params.THRESHOLD_COUNT,
+    default=None,
+    help="PostgreSQL: flag more dead rows than this (default 10000)...",
+)
+@click.option(
+    "--max-dead-row-ratio",
+    type=click.FloatRange(min=0.0),
+    default=None,
+    help="...that are also more than this fraction of the live rows (default 0.2).",
+)
+@click.option(
+    "--max-history-list-length",
+    type=cli_params.THRESHOLD_COUNT,
+    default=None,
+    help="MySQL, MariaDB: flag more unpurged undo records than this (default 100000).",
+)
+@click.option(
+    "--max-wal-bytes",
+    type=cli_params.THRESHOLD_COUNT,
+    default=None,
+    help="SQLite: flag a WAL file larger than this (default 64 MiB).",
+)
+@_app_option
+@_url_option
+@click.pass_context
+def health(
+    ctx: click.Context,
+    as_json: bool,
+    max_transaction_age: timedelta | None,
+    max_dead_rows: int | None,
+    max_dead_row_ratio: float | None,
+    max_history_list_length: int | None,
+    max_wal_bytes: int | None,
+    app: str | None,
+    url: str | None,
+) -> None:
+    """What slows the task table: dead rows, long transactions, purge lag, WAL size; with advice.
+
+    Each figure over its threshold is a finding, printed with what to do
+    about it.  The exit code is 0 either way: scripts read "ok" from --json.
+    """
+    given: dict[str, Any] = {
+        "transaction_age": max_transaction_age,
+        "dead_rows": max_dead_rows,
+        "dead_row_ratio": max_dead_row_ratio,
+        "history_list_length": max_history_list_length,
+        "wal_bytes": max_wal_bytes,
+    }
+    try:
+        thresholds = HealthThresholds(**{name: value for name, value in given.items() if value is not None})
+    except (TypeError, ValueError) as error:
+        raise click.UsageError(str(error)) from None
+    with for_people(ctx, url):
+        target = _target(ctx, app, url)
+    with for_people(ctx, target.url):
+        report = target.queue.table_health(thresholds=thresholds)
+    if as_json:
+        click.echo(json.dumps(report.as_dict(), indent=2))
+    else:
+        for line in health_lines(report):
+            click.echo(redactor.text(line))
 
 
 # demo -----------------------------------------------------------------------------

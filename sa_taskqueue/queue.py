@@ -32,6 +32,7 @@ from sa_taskqueue.error_text import format_error
 from sa_taskqueue.event_loop_bridge import EventLoopBridge, asyncio_extension
 from sa_taskqueue.exceptions import translate_database_errors
 from sa_taskqueue.explain import explain
+from sa_taskqueue.health import HealthThresholds, TableHealth, measure_table_health
 from sa_taskqueue.limits import ColumnLimits
 from sa_taskqueue.model import Task, TaskMixin, TaskStatus
 from sa_taskqueue.notify import notify_enqueued
@@ -702,6 +703,23 @@ class TaskQueue:
         statement = self.strategy.finding_statement(self.engine.dialect, self.table, request)
         with self._database_errors():
             return self._bridge.call(lambda: explain(self.engine, statement, request.params()))
+
+    def table_health(
+        self, *, now: datetime | None = None, thresholds: HealthThresholds | None = None
+    ) -> TableHealth:
+        """What slows this queue's table now, for monitoring: figures, findings with advice, and ``ok``.
+
+        Dead row versions and the transactions holding back their cleanup on
+        PostgreSQL, InnoDB's history list and oldest transactions on MySQL
+        and MariaDB, the WAL file on SQLite (`sa_taskqueue.health`).  Ages
+        are counted to ``now``, by default the queue's clock; ``thresholds``
+        replaces the default limits for this call.  Nothing is written.
+        """
+        moment = self.clock() if now is None else now
+        with self._database_errors():
+            return self._bridge.call(
+                lambda: measure_table_health(self.engine, self.table, now=moment, thresholds=thresholds)
+            )
 
     def _request(
         self,
