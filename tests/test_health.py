@@ -242,6 +242,12 @@ def test_the_size_of_the_write_ahead_log(health_engine: sa.Engine, queue: tq.Tas
     assert "wal_checkpoint(TRUNCATE)" in finding.advice
 
 
+def test_a_table_never_migrated_says_so(health_engine: sa.Engine, queue: tq.TaskQueue) -> None:
+    HealthBase.metadata.drop_all(health_engine)
+    with pytest.raises(tq.SchemaMissing, match="the task table 'health_task' does not exist"):
+        queue.table_health()
+
+
 def test_oracle_says_it_is_not_measured() -> None:
     # Nothing connects: no figure is read on Oracle.
     queue = tq.TaskQueue(sa.create_engine("oracle+oracledb://scott:tiger@127.0.0.1:1/nowhere"))

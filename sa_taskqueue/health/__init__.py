@@ -31,9 +31,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime
 
-from sqlalchemy import Connection, Engine, Table
+from sqlalchemy import Connection, Engine, Table, inspect
 
 from sa_taskqueue.backends import backend_for
+from sa_taskqueue.exceptions import SchemaMissing
 from sa_taskqueue.health import mysql, postgresql, sqlite
 from sa_taskqueue.health.figures import Finding, OpenTransaction, TableHealth
 from sa_taskqueue.health.lines import health_lines
@@ -78,6 +79,13 @@ def measure_table_health(
             ),
         )
     with engine.connect() as conn:
+        # Most figures are the server's or the file's: without this check a
+        # database never migrated would look healthy.
+        if not inspect(conn).has_table(table.name, schema=table.schema):
+            raise SchemaMissing(
+                f"the task table {table.name!r} does not exist: "
+                "run `sa-taskqueue migrate` (or `alembic upgrade head`)"
+            )
         return probe(conn, table, now, thresholds)
 
 
