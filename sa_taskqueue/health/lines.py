@@ -22,7 +22,7 @@ def health_lines(health: TableHealth) -> list[str]:
             f"rows: {_count(health.live_rows)} live, {_count(health.dead_rows)} dead; "
             f"last autovacuum {_when(health.last_autovacuum, health.measured_at)}, "
             f"last VACUUM {_when(health.last_vacuum, health.measured_at)}"
-            + ("; autovacuum is off for this table" if health.autovacuum is False else "")
+            + ("; autovacuum does not run on it" if health.autovacuum is False else "")
         )
     if health.history_list_length is not None:
         lines.append(f"history list length: {health.history_list_length:,} undo records not purged yet")

@@ -12,7 +12,7 @@ rows in the table.
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Connection, String, Table, bindparam, text
@@ -107,7 +107,9 @@ def measure(conn: Connection, table: Table, now: datetime, thresholds: HealthThr
             f"the task table {table.name!r} does not exist: "
             "run `sa-taskqueue migrate` (or `alembic upgrade head`)"
         )
-    shown = f"{row['schema_name']}.{row['table_name']}"
+    # Quoted where it must be, so that the advice's VACUUM can be pasted as it is.
+    preparer = conn.dialect.identifier_preparer
+    shown = f"{preparer.quote_schema(row['schema_name'])}.{preparer.quote(row['table_name'])}"
     sessions = [_session(found, now) for found in conn.execute(SESSIONS).mappings()]
     prepared = [_prepared(found, now) for found in conn.execute(PREPARED).mappings()]
     transactions = [
@@ -218,14 +220,15 @@ def _dead_rows_finding(health: TableHealth, holders: list[OpenTransaction]) -> F
     if dead <= bound:
         return None
     if holders:
-        oldest = holders[0]
+        oldest = max(holders, key=lambda holder: holder.age or timedelta(0))
         advice = (
             f"vacuum cannot remove them while {oldest.kind} {oldest.who} is open: end it, then "
             f"run VACUUM {health.table}"
         )
     elif health.autovacuum is False:
         advice = (
-            f"autovacuum is off for {health.table}: turn it on, or run VACUUM {health.table} on a schedule"
+            f"autovacuum does not run on {health.table} (the server's autovacuum setting, or the table's "
+            f"autovacuum_enabled, is off): turn it on, or run VACUUM {health.table} on a schedule"
         )
     else:
         ran = (
