@@ -44,11 +44,12 @@ INNODB_TRX_IDLE = 0.25
 
 
 @pytest.fixture
-def health_engine(engine: sa.Engine) -> sa.Engine:
+def health_engine(engine: sa.Engine) -> Iterator[sa.Engine]:
     """``engine``, with an empty task table just made: no dead rows, no statistics from other tests."""
     HealthBase.metadata.drop_all(engine)
     HealthBase.metadata.create_all(engine)
-    return engine
+    yield engine
+    HealthBase.metadata.drop_all(engine)  # the schema tests compare the database with the model
 
 
 @pytest.fixture
