@@ -34,7 +34,7 @@ from typing import Any
 from sqlalchemy import Engine, Table, select
 
 from sa_taskqueue.exceptions import ResultTimeout, TaskCancelled, TaskFailed, TaskNotFound
-from sa_taskqueue.finished import finished_channel_name
+from sa_taskqueue.finished import finished_channel_name, wait_key, wait_namespace
 from sa_taskqueue.model import FINISHED_STATUSES, TaskStatus
 from sa_taskqueue.notify import _sync_listening_engine, can_listen
 
@@ -46,6 +46,8 @@ FIRST_POLL = 0.005
 DEFAULT_POLL_INTERVAL = 0.5
 #: How long a listener with no waiter left keeps its connection, for the next wait.
 LISTENER_LINGER = 30.0
+#: How often, in seconds, the listener takes the locks of new waits between notifications.
+LOCKS_EVERY = 0.05
 
 
 @dataclass(frozen=True)
@@ -146,7 +148,7 @@ def wait_for_result(
             outcome = read()
             if outcome.finished:
                 return outcome.value()
-            listening = listener.listening.is_set()
+            listening = listener.armed(task_id)
             pause = pauses.next(listening=listening)
             if pause is None:
                 raise timed_out(outcome, pauses)
@@ -177,7 +179,7 @@ async def wait_for_result_async(
             outcome = await read()
             if outcome.finished:
                 return outcome.value()
-            listening = listener.listening.is_set()
+            listening = listener.armed(task_id)
             pause = pauses.next(listening=listening)
             if pause is None:
                 raise timed_out(outcome, pauses)
@@ -191,26 +193,38 @@ class FinishedListener:
 
     Started by the first waiter; it stops after `LISTENER_LINGER` seconds
     with nobody waiting (or at `close`), and the next waiter starts it again.
-    Waiters register a ``wake`` callable per task id; on every notification
-    naming the id, and whenever the connection is (re)made (something may
-    have finished meanwhile), it is called from the listener's thread.
+    Waiters register a ``wake`` callable per task id.  On its connection the
+    listener holds a shared advisory lock per id waited for, which is what
+    makes a finishing write announce that id (`sa_taskqueue.finished.announcing`);
+    once the lock is held the id is `armed`.  ``wake`` is called from the
+    listener's thread on every notification naming the id, and when the id
+    is armed (a write that committed before then announced nothing: the row
+    is read again).
     """
 
     def __init__(self, engine: Engine, table: Table) -> None:
         self.engine = engine
         self.table = table
         self.channel = finished_channel_name(table)
+        self.namespace = wait_namespace(table)
         self.enabled = can_listen(engine)
-        #: Set while the LISTEN is in place: a notification sent now reaches the waiters.
+        #: Set while the LISTEN is in place.
         self.listening = threading.Event()
         #: How many waiters sit in a pause only a notification (or their poll interval) ends.
         self.parked = 0
         self._mutex = threading.Lock()
         self._waiters: dict[int, dict[int, Callable[[], None]]] = {}
+        self._armed: set[int] = set()  # ids whose lock the current connection holds
+        self._to_unlock: set[int] = set()  # armed ids nobody waits for any more
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
         self._idle_since = time.monotonic()
+
+    def armed(self, task_id: int) -> bool:
+        """Whether a write finishing ``task_id`` from now on announces it to this listener."""
+        with self._mutex:
+            return task_id in self._armed
 
     @contextmanager
     def registered(self, task_id: int, wake: Callable[[], None]) -> Iterator[None]:
@@ -221,6 +235,7 @@ class FinishedListener:
         token = id(wake)
         with self._mutex:
             self._waiters.setdefault(task_id, {})[token] = wake
+            self._to_unlock.discard(task_id)
             self._ensure_running()
         try:
             yield
@@ -230,6 +245,8 @@ class FinishedListener:
                 wakes.pop(token, None)
                 if not wakes:
                     self._waiters.pop(task_id, None)
+                    if task_id in self._armed:
+                        self._to_unlock.add(task_id)
                 if not self._waiters:
                     self._idle_since = time.monotonic()
 
@@ -249,6 +266,8 @@ class FinishedListener:
         if self._pid != os.getpid():
             self._pid, self._thread = os.getpid(), None
             self.listening = threading.Event()
+            self._armed.clear()
+            self._to_unlock.clear()
         if self._thread is not None and self._thread.is_alive() and not self._stop.is_set():
             return
         self._stop = threading.Event()
@@ -260,19 +279,15 @@ class FinishedListener:
     def close(self) -> None:
         """Stop listening (waiters keep polling; the next wait starts the listener again).
 
-        Returns at once: the thread sees the stop within a second, between
-        two waits for notifications, and closes its connection then.
+        Returns at once: the thread sees the stop between two short waits
+        for notifications, and closes its connection then.
         """
         with self._mutex:
             self._stop.set()
 
-    def _wake(self, ids: set[int] | None) -> None:
-        """Wake the waiters of ``ids`` (None: every waiter)."""
+    def _wake(self, ids: set[int]) -> None:
         with self._mutex:
-            if ids is None:
-                wakes = [wake for by_token in self._waiters.values() for wake in by_token.values()]
-            else:
-                wakes = [wake for task_id in ids for wake in self._waiters.get(task_id, {}).values()]
+            wakes = [wake for task_id in ids for wake in self._waiters.get(task_id, {}).values()]
         for wake in wakes:
             wake()
 
@@ -299,6 +314,9 @@ class FinishedListener:
                     backoff = 0.5
         finally:
             listening.clear()
+            with self._mutex:
+                self._armed.clear()
+                self._to_unlock.clear()
             if engine is not self.engine:
                 engine.dispose()
 
@@ -309,14 +327,43 @@ class FinishedListener:
             driver.autocommit = True
             driver.execute(f"LISTEN {self.engine.dialect.identifier_preparer.quote(self.channel)}")
             listening.set()
-            # Whatever finished before the LISTEN was in place is read again now.
-            self._wake(None)
             while not stop.is_set() and not self._idle_too_long(stop):
-                for notification in driver.notifies(timeout=1.0):
+                self._update_locks(driver)
+                for notification in driver.notifies(timeout=LOCKS_EVERY):
                     self._wake(_ids(notification.payload))
         finally:
             listening.clear()
+            with self._mutex:
+                self._armed.clear()  # the locks go with the connection
+                self._to_unlock.clear()
             raw.invalidate()  # never hand a LISTENing connection back to the pool
+
+    def _update_locks(self, driver: Any) -> None:
+        """Lock the ids newly waited for and wake their waiters; unlock those nobody waits for any more."""
+        with self._mutex:
+            wanted = sorted(set(self._waiters) - self._armed)
+            unwanted = sorted(self._to_unlock)
+            self._to_unlock.clear()
+        if unwanted:
+            self._locks(driver, "pg_advisory_unlock_shared", unwanted)
+            with self._mutex:
+                # One waited for again meanwhile is locked again on the next round.
+                self._armed.difference_update(unwanted)
+        if wanted:
+            # Waits briefly if a write finishing one of them holds it: until it commits.
+            self._locks(driver, "pg_advisory_lock_shared", wanted)
+            with self._mutex:
+                self._armed.update(wanted)
+                self._to_unlock.update(task_id for task_id in wanted if task_id not in self._waiters)
+            self._wake(set(wanted))
+
+    def _locks(self, driver: Any, function: str, ids: list[int]) -> None:
+        for start in range(0, len(ids), 500):  # a SELECT list takes at most 1,664 entries
+            chunk = ids[start : start + 500]
+            calls = ", ".join(f"{function}(%s, %s)" for _ in chunk)
+            driver.execute(
+                f"SELECT {calls}", [key for task_id in chunk for key in (self.namespace, wait_key(task_id))]
+            )
 
 
 def _ids(payload: str) -> set[int]:

@@ -18,9 +18,10 @@ import pytest
 import sqlalchemy as sa
 
 import sa_taskqueue as tq
+from sa_taskqueue.finished import finished_channel_name
 from sa_taskqueue.notify import can_listen
 from tests.backends import Backend
-from tests.helpers import ROOT, cli_env, enqueue_one, wait_until
+from tests.helpers import ROOT, cli_env, enqueue_one, listening, wait_until
 
 #: Longer than any test here may wait: a waiter with it is woken by NOTIFY, or not at all.
 NEVER = 3600.0
@@ -158,6 +159,43 @@ def test_a_waiter_wakes_when_another_connection_completes_the_task(
     assert [task.id for task in claimed] == task_ids
     assert queue.complete_many(claimed, ["a", "b", "c"]) == set(task_ids)
     assert [waiter.result() for waiter in waiters] == ["a", "b", "c"]
+
+
+@pytest.mark.requires("notify")
+def test_only_the_tasks_waited_for_are_announced(
+    queue: tq.TaskQueue, engine: sa.Engine, backend: Backend
+) -> None:
+    """A completion nobody waits for sends no NOTIFY (each would serialise commits); one waited for does.
+
+    Notifications arrive in commit order, so a marker sent after a
+    completion has committed tells, without a timed window, that the
+    completion sent none.
+    """
+    channel = finished_channel_name(queue.table)
+    alone, waited = (enqueue_one(queue, engine, "record", {"key": n}) for n in range(2))
+
+    def announced_until_marker(listener: Any, marker: str) -> list[str]:
+        with engine.connect() as conn:
+            conn.execute(sa.select(sa.func.pg_notify(channel, marker)))
+            conn.commit()
+        payloads: list[str] = []
+        for notification in listener.notifies(timeout=15):
+            if notification.channel == channel:
+                if notification.payload == marker:
+                    return payloads
+                payloads.append(notification.payload)
+        raise AssertionError(f"the marker {marker!r} did not arrive")
+
+    with listening(backend, queue.table) as listener:
+        listener.execute(f'LISTEN "{channel}"')
+        assert queue.complete(claim_one(queue), "nobody asked")
+        assert announced_until_marker(listener, "marker-1") == []
+        waiter = Waiter(lambda: queue.result(waited, timeout=NEVER, poll_interval=NEVER))
+        parked(queue)
+        assert queue.complete(claim_one(queue), "asked")
+        assert waiter.result() == "asked"
+        assert announced_until_marker(listener, "marker-2") == [str(waited)]
+    assert queue.result(alone, timeout=0) == "nobody asked"
 
 
 def test_the_async_twin(queue: tq.TaskQueue, engine: sa.Engine) -> None:
