@@ -6,6 +6,10 @@ payload is the finished ids, comma-separated, in as many notifications as
 PostgreSQL's payload limit needs.  Like the enqueue channel, it is a hint
 only: a waiter reads the row itself, and keeps polling in case a
 notification is lost.  Other dialects have no channel; their waiters poll.
+
+The hot writes (completions, failures) announce only the tasks someone
+waits for (`announcing`); `notify_finished`, for the rare ones (cancels,
+lease recovery), announces every id it is given.
 """
 
 from __future__ import annotations

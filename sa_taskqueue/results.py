@@ -3,13 +3,14 @@
 A wait is a loop of reads of the task's row.  Between two reads it sleeps,
 and what ends the sleep depends on the database:
 
-- On PostgreSQL every write of a final status sends the task's id on the
-  table's finished channel (`sa_taskqueue.finished`) in the same
-  transaction.  One `FinishedListener` per queue LISTENs on a connection of
-  its own and wakes the waiters of the ids announced, however many wait in
-  the process; each then reads its row again.  The waiters still read every
-  ``poll_interval`` seconds, so a notification lost while the listener
-  reconnects costs one poll, never a hang.
+- On PostgreSQL one `FinishedListener` per queue LISTENs on a connection of
+  its own, however many wait in the process, and holds there a shared
+  advisory lock per task waited for.  A write of a final status finding
+  that lock held sends the task's id on the table's finished channel in the
+  same transaction (`sa_taskqueue.finished.announcing`); the listener wakes
+  the waiters of the ids announced, and each reads its row again.  The
+  waiters still read every ``poll_interval`` seconds, so a notification
+  lost while the listener reconnects costs one poll, never a hang.
 - Elsewhere (MySQL, MariaDB, SQLite, Oracle) there is no channel: the reads
   back off exponentially from a few milliseconds up to ``poll_interval``.
 
