@@ -64,6 +64,68 @@ class DatabaseBusy(DatabaseUnavailable):
     """
 
 
+class TaskResultError(TaskQueueError):
+    """A task waited for with `TaskQueue.result` ended without a result: it failed for good, or was cancelled.
+
+    ``task_id``, ``status`` and ``attempts`` are the row's as it was read.
+    """
+
+    def __init__(self, message: str, *, task_id: int, status: str, attempts: int) -> None:
+        super().__init__(message)
+        self.task_id = task_id
+        self.status = status
+        self.attempts = attempts
+
+
+class TaskFailed(TaskResultError):
+    """The task failed for good (FAILED): ``last_error`` is the error its last attempt recorded."""
+
+    def __init__(self, task_id: int, *, attempts: int, last_error: str | None) -> None:
+        text = (last_error or "").strip()
+        # The last line of a traceback is the exception itself.
+        detail = text.splitlines()[-1] if text else "no error recorded"
+        super().__init__(
+            f"task {task_id} failed after {attempts} attempt(s): {detail}",
+            task_id=task_id,
+            status="failed",
+            attempts=attempts,
+        )
+        self.last_error = last_error
+
+
+class TaskCancelled(TaskResultError):
+    """The task was cancelled (CANCELLED) before it ran: it has no result and never will."""
+
+    def __init__(self, task_id: int, *, attempts: int) -> None:
+        super().__init__(
+            f"task {task_id} was cancelled: it has no result",
+            task_id=task_id,
+            status="cancelled",
+            attempts=attempts,
+        )
+
+
+class TaskNotFound(TaskQueueError, LookupError):
+    """No task has this id: it never existed, or was deleted (retention, purge) before its result was read."""
+
+    def __init__(self, task_id: int) -> None:
+        super().__init__(
+            f"no task with id {task_id}: it never existed, or it was deleted (retention or purge) "
+            "before its result was read"
+        )
+        self.task_id = task_id
+
+
+class ResultTimeout(TaskQueueError, TimeoutError):
+    """`TaskQueue.result` waited ``waited`` seconds and the task had not finished."""
+
+    def __init__(self, task_id: int, waited: float, status: str) -> None:
+        super().__init__(f"task {task_id} did not finish within {waited:g} s (it is {status})")
+        self.task_id = task_id
+        self.waited = waited
+        self.status = status
+
+
 @contextmanager
 def translate_database_errors(engine: Engine, table: Table) -> Iterator[None]:
     """Raise ours for SQLAlchemy's and the driver's errors; the original is the cause.
@@ -145,9 +207,14 @@ __all__ = [
     "DatabaseError",
     "DatabaseUnavailable",
     "MalformedTask",
+    "ResultTimeout",
     "SchemaMissing",
     "StrategyError",
+    "TaskCancelled",
+    "TaskFailed",
+    "TaskNotFound",
     "TaskNotRegistered",
     "TaskQueueError",
+    "TaskResultError",
     "translate_database_errors",
 ]

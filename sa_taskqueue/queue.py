@@ -44,6 +44,16 @@ from sa_taskqueue.registered import (
     retry_delay,
     signature_to_check,
 )
+from sa_taskqueue.results import (
+    DEFAULT_POLL_INTERVAL,
+    FinishedListener,
+    TaskOutcome,
+    poll_seconds,
+    read_outcome,
+    wait_for_result,
+    wait_for_result_async,
+    wait_seconds,
+)
 from sa_taskqueue.schedules import EnqueuedSlot, PeriodicTask, Schedule, enqueue_due
 from sa_taskqueue.strategies import registry
 from sa_taskqueue.strategies.base import ClaimStrategy
@@ -147,6 +157,8 @@ class TaskQueue:
         self._async_worker_running = False
         #: The paused queues as last read: what claims leave out (`sa_taskqueue.pausing`).
         self.paused = PausedQueues()
+        #: Wakes `result` waiters when their task finishes (PostgreSQL); started by the first wait.
+        self.finished_listener = FinishedListener(self.engine, self.table)
         if strategy is not None:
             registry.check_requested(strategy, self.engine.dialect)
         backend_for(self.engine.dialect).configure_engine(self.engine)
@@ -878,6 +890,64 @@ class TaskQueue:
         with self._database_errors():
             return self._bridge.call(cancel)
 
+    # Results ---------------------------------------------------------------
+
+    def result(
+        self,
+        task_id: int,
+        timeout: timedelta | float | None = None,
+        *,
+        poll_interval: float = DEFAULT_POLL_INTERVAL,
+    ) -> Any:
+        """Wait until task ``task_id`` is finished and return its result, as stored (JSON).
+
+        Raises `TaskFailed` (with the task's ``last_error``) if it failed for
+        good, `TaskCancelled` if it was cancelled, `TaskNotFound` if there is
+        no such task (or retention deleted it), and `ResultTimeout` (a
+        `TimeoutError`) if it has not finished after ``timeout`` seconds;
+        None waits for ever.  A task queued again to retry is not finished.
+        On PostgreSQL a notification sent when the task finishes wakes the
+        wait at once, and the row is read again every ``poll_interval``
+        seconds in case one is lost; elsewhere the reads back off from a few
+        milliseconds up to ``poll_interval`` (`sa_taskqueue.results`).
+        """
+        validation.check_task_id(task_id)
+        seconds = wait_seconds(timeout)
+        cap = poll_seconds(poll_interval)
+
+        def read() -> TaskOutcome:
+            with self._database_errors():
+                return self._bridge.call(lambda: read_outcome(self.engine, self.table, task_id))
+
+        return wait_for_result(read, self.finished_listener, task_id, seconds, cap)
+
+    async def result_async(
+        self,
+        task_id: int,
+        timeout: timedelta | float | None = None,
+        *,
+        poll_interval: float = DEFAULT_POLL_INTERVAL,
+    ) -> Any:
+        """`result` for a coroutine: the wait and the reads never block the running event loop.
+
+        On an async engine each read runs on the loop that owns the engine's
+        connections; on a sync engine, in a thread.
+        """
+        validation.check_task_id(task_id)
+        seconds = wait_seconds(timeout)
+        cap = poll_seconds(poll_interval)
+
+        def read_row() -> TaskOutcome:
+            return read_outcome(self.engine, self.table, task_id)
+
+        async def read() -> TaskOutcome:
+            with self._database_errors():
+                if self.is_async:
+                    return await self._bridge.call_from_any_loop(read_row)
+                return await asyncio.to_thread(read_row)
+
+        return await wait_for_result_async(read, self.finished_listener, task_id, seconds, cap)
+
     # Paused queues ---------------------------------------------------------
 
     def pause(self, name: str) -> None:
@@ -1082,7 +1152,11 @@ class TaskQueue:
         return self._bridge.loop()
 
     def close(self) -> None:
-        """Release what the strategy holds: its kept connections and any advisory locks."""
+        """Release what the strategy holds: its kept connections and any advisory locks.
+
+        The connection listening for finished tasks is closed too (a later wait opens it again).
+        """
+        self.finished_listener.close()
         if self._strategy is not None:
             self._bridge.call(self._strategy.close)
 
