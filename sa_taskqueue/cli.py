@@ -283,6 +283,16 @@ WORKER_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
         help="Seconds running tasks get to finish after SIGTERM before they are given back.",
     ),
     click.option(
+        "--no-listen",
+        is_flag=True,
+        help="Poll for work instead of waiting on LISTEN (PostgreSQL): for a pooler in transaction mode.",
+    ),
+    click.option(
+        "--no-self-test",
+        is_flag=True,
+        help="Start without proving the database's locking first (see `sa-taskqueue doctor`).",
+    ),
+    click.option(
         "--log-format",
         type=click.Choice(["text", "json"]),
         default="text",
@@ -327,6 +337,8 @@ def worker(
     burst: bool,
     poll_interval: float,
     shutdown_timeout: float,
+    no_listen: bool,
+    no_self_test: bool,
     log_format: str,
     log_level: str,
 ) -> None:
@@ -350,6 +362,8 @@ def worker(
                 poll_interval=poll_interval,
                 isolation=isolation,
                 shutdown_timeout=shutdown_timeout,
+                listen=not no_listen,
+                self_test=not no_self_test,
             )
     logging.shutdown()
     if worker_.abandoned:
@@ -842,6 +856,46 @@ def _purge(
     engine: sa.Engine, table: sa.Table, /, statuses: list[str], older_than: timedelta, batch_size: int
 ) -> int:
     return Admin(engine, table).purge(statuses, older_than, batch_size)
+
+
+# doctor ----------------------------------------------------------------------------
+
+
+@cli.command()
+@click.argument("app_argument", metavar="[APP]", required=False)
+@click.option("--no-listen", is_flag=True, help="Leave LISTEN out, as for workers run with --no-listen.")
+@_app_option
+@_url_option
+@click.pass_context
+def doctor(
+    ctx: click.Context, app_argument: str | None, no_listen: bool, app: str | None, url: str | None
+) -> None:
+    """Prove the database gives the queue what it relies on, as a worker does at start.
+
+    One line per check, passed or failed with the cause and the fix; the exit
+    code is 1 when any check fails.  Given APP (as an argument or --app), its
+    queue's strategy is checked, on its database unless --url is given on the
+    command line; with --url alone, the strategy the database gets by default.
+    """
+    if app_argument is not None and app is not None:
+        raise click.UsageError("give APP or --app, not both")
+    app = app if app is not None else app_argument
+    with for_people(ctx, url):
+        target = _target(ctx, app, url)
+    with for_people(ctx, target.url):
+        report = target.queue.check_footing(listen=not no_listen)
+        strategy = target.queue.strategy.name
+    print_doctor([(f"self-test ({strategy} strategy, {_safe(target.url)})", report.lines())])
+    if not report.ok:
+        raise SystemExit(1)
+
+
+def print_doctor(sections: list[tuple[str, list[str]]]) -> None:
+    """``doctor``'s output: each section's title, then its lines indented under it."""
+    for title, lines in sections:
+        click.echo(f"{title}:")
+        for line in lines or ["(nothing to check)"]:
+            click.echo(f"  {redactor.text(line)}")
 
 
 # demo -----------------------------------------------------------------------------
