@@ -14,12 +14,14 @@ from sa_taskqueue.exceptions import (
     DatabaseBusy,
     DatabaseError,
     DatabaseUnavailable,
+    FootingError,
     MalformedTask,
     SchemaMissing,
     StrategyError,
     TaskNotRegistered,
     TaskQueueError,
 )
+from sa_taskqueue.footing import FootingReport
 from sa_taskqueue.model import Base, Task, TaskMixin, TaskStatus, metadata
 from sa_taskqueue.queue import TaskQueue
 from sa_taskqueue.registered import RegisteredTask, TaskWithOptions
@@ -38,6 +40,8 @@ __all__ = [
     "DatabaseBusy",
     "DatabaseError",
     "DatabaseUnavailable",
+    "FootingError",
+    "FootingReport",
     "MalformedTask",
     "RegisteredTask",
     "SchemaMissing",

@@ -10,6 +10,7 @@ blocks on the locked row, and the lock timeout ends the wait.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Iterator
 
@@ -126,6 +127,10 @@ def test_a_server_that_ignores_skip_locked_is_refused_not_waited_on(
     refused = bounded(Worker(skip_locked_ignored, burst=True, watchdog=False).run, 30)
     assert isinstance(refused, FootingError), refused
     assert "does not honour SKIP LOCKED" in str(refused)
+
+    in_a_loop = skip_locked_ignored.run_worker_async(burst=True, watchdog=False)
+    refused = bounded(lambda: asyncio.run(in_a_loop), 30)
+    assert isinstance(refused, FootingError), refused
 
 
 @pytest.mark.requires("skip_locked")
