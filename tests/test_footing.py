@@ -223,3 +223,29 @@ def test_doctor_on_a_plain_server_passes(backend: Backend, engine: sa.Engine) ->
     assert lines[0].startswith("self-test (")
     assert lines[1].startswith("  passed  "), lines
     assert all(line.startswith("  passed  ") for line in lines[1:]), lines
+
+
+# The SQL each database gets, compiled (Oracle and MySQL 8 have no live server here) ----------
+
+
+@pytest.mark.parametrize(
+    ("dialect", "session"),
+    [
+        (sa.dialects.postgresql.psycopg.dialect(), "pg_backend_pid()"),
+        (sa.dialects.mysql.pymysql.dialect(), "connection_id()"),
+        (sa.dialects.oracle.oracledb.dialect(), "sys_context("),
+    ],
+    ids=["postgresql", "mysql", "oracle"],
+)
+def test_the_probe_locks_with_skip_locked_and_asks_for_the_session(dialect: sa.Dialect, session: str) -> None:
+    from sa_taskqueue.backends import backend_for
+    from sa_taskqueue.control import control_table_of
+    from sa_taskqueue.footing import _Probe
+    from sa_taskqueue.strategies import SkipLockedStrategy
+
+    probe = _Probe(control_table_of(tq.Task.__table__), "probe-x")  # type: ignore[arg-type]
+    locking = SkipLockedStrategy().lock_rows(None, probe.select())  # type: ignore[arg-type]
+    assert str(locking.compile(dialect=dialect)).endswith("FOR UPDATE SKIP LOCKED")
+    call = backend_for(dialect).session_id()
+    assert call is not None
+    assert str(sa.select(call).compile(dialect=dialect)).lower().startswith(f"select {session}")
