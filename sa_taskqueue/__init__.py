@@ -14,6 +14,7 @@ from sa_taskqueue.exceptions import (
     DatabaseBusy,
     DatabaseError,
     DatabaseUnavailable,
+    FootingError,
     MalformedTask,
     ResultTimeout,
     SchemaMissing,
@@ -25,6 +26,7 @@ from sa_taskqueue.exceptions import (
     TaskQueueError,
     TaskResultError,
 )
+from sa_taskqueue.footing import FootingReport
 from sa_taskqueue.health import HealthThresholds, TableHealth
 from sa_taskqueue.model import Base, Task, TaskMixin, TaskStatus, metadata
 from sa_taskqueue.queue import TaskQueue
@@ -44,6 +46,8 @@ __all__ = [
     "DatabaseBusy",
     "DatabaseError",
     "DatabaseUnavailable",
+    "FootingError",
+    "FootingReport",
     "HealthThresholds",
     "MalformedTask",
     "RegisteredTask",

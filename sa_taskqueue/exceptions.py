@@ -23,6 +23,20 @@ class StrategyError(TaskQueueError):
     """A claim strategy was asked for that this database cannot run."""
 
 
+class FootingError(TaskQueueError):
+    """The self-test found that this database connection cannot give the queue what it relies on.
+
+    A SKIP LOCKED the server ignores, advisory locks or LISTEN behind a pooler
+    in transaction mode: each would let tasks run twice or never wake a
+    worker, silently.  The message names each failed check, its cause and
+    the fix; ``report`` is the whole `sa_taskqueue.footing.FootingReport`.
+    """
+
+    def __init__(self, message: str, report: object = None) -> None:
+        super().__init__(message)
+        self.report = report
+
+
 class TaskNotRegistered(TaskQueueError, LookupError):
     """A worker claimed a task whose name no function is registered under in this process."""
 
@@ -206,6 +220,7 @@ __all__ = [
     "DatabaseBusy",
     "DatabaseError",
     "DatabaseUnavailable",
+    "FootingError",
     "MalformedTask",
     "ResultTimeout",
     "SchemaMissing",

@@ -32,6 +32,7 @@ from sa_taskqueue.error_text import format_error
 from sa_taskqueue.event_loop_bridge import EventLoopBridge, asyncio_extension
 from sa_taskqueue.exceptions import translate_database_errors
 from sa_taskqueue.explain import explain
+from sa_taskqueue.footing import FootingReport, check_footing
 from sa_taskqueue.health import HealthThresholds, TableHealth, measure_table_health
 from sa_taskqueue.limits import ColumnLimits
 from sa_taskqueue.model import Task, TaskMixin, TaskStatus
@@ -1150,6 +1151,18 @@ class TaskQueue:
         if not self.is_async:
             raise TypeError("a TaskQueue on a sync Engine runs its database calls in the calling thread")
         return self._bridge.loop()
+
+    def check_footing(self, *, listen: bool = True) -> FootingReport:
+        """The self-test a worker runs at start (`sa_taskqueue.footing`), for ``doctor`` and monitoring.
+
+        Proves on two connections of its own that what the strategy relies on
+        holds through this engine's URL (SKIP LOCKED honoured, advisory locks
+        kept per session, one winner of a compare-and-set) and, with
+        ``listen``, that a NOTIFY reaches a LISTENing connection.  Returns
+        the checks; `FootingReport.raise_if_failed` turns failures into a
+        `FootingError`.
+        """
+        return check_footing(self, listen=listen)
 
     def close(self) -> None:
         """Release what the strategy holds: its kept connections and any advisory locks.

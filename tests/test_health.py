@@ -344,3 +344,23 @@ def test_the_health_command_refuses_a_bad_threshold(run: Callable[..., Result]) 
     result = run("health", "--max-dead-row-ratio", "inf")
     assert result.exit_code == 2
     assert "dead_row_ratio must be a finite number" in result.output
+
+
+@pytest.mark.backends("postgres", "mysql", "mariadb")
+def test_doctor_flags_a_transaction_held_open_past_its_threshold(
+    backend: Backend, health_engine: sa.Engine, engine: sa.Engine, run: Callable[..., Result]
+) -> None:
+    with held_transaction(health_engine, backend) as who:
+        finding = f"finding: transaction {who} ("
+        strict: list[Result] = []
+
+        def flagged_by_doctor() -> bool:
+            strict[:] = [run("doctor", "--max-transaction-age", "1s", "--strict")]
+            return finding in strict[0].output
+
+        wait_until(flagged_by_doctor, 30, f"doctor to flag {who}", every=INNODB_TRX_IDLE)
+        assert strict[0].exit_code == 1, "a finding fails doctor --strict"
+        assert "  passed  " in strict[0].output, "while the locking checks pass"
+        told = run("doctor", "--max-transaction-age", "1s")
+        assert finding in told.output
+        assert told.exit_code == 0, "without --strict a finding is reported, not a failure"
