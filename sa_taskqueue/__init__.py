@@ -7,19 +7,27 @@ run ``queue.run_worker()``.
 
 from __future__ import annotations
 
-from sa_taskqueue import backends, session_events, strategies
+from sa_taskqueue import backends, health, session_events, strategies
 from sa_taskqueue.claimed import ClaimedTask
 from sa_taskqueue.event_loop_bridge import SyncCallOnEventLoop
 from sa_taskqueue.exceptions import (
     DatabaseBusy,
     DatabaseError,
     DatabaseUnavailable,
+    FootingError,
     MalformedTask,
+    ResultTimeout,
     SchemaMissing,
     StrategyError,
+    TaskCancelled,
+    TaskFailed,
+    TaskNotFound,
     TaskNotRegistered,
     TaskQueueError,
+    TaskResultError,
 )
+from sa_taskqueue.footing import FootingReport
+from sa_taskqueue.health import HealthThresholds, TableHealth
 from sa_taskqueue.model import Base, Task, TaskMixin, TaskStatus, metadata
 from sa_taskqueue.queue import TaskQueue
 from sa_taskqueue.registered import RegisteredTask, TaskWithOptions
@@ -38,20 +46,30 @@ __all__ = [
     "DatabaseBusy",
     "DatabaseError",
     "DatabaseUnavailable",
+    "FootingError",
+    "FootingReport",
+    "HealthThresholds",
     "MalformedTask",
     "RegisteredTask",
+    "ResultTimeout",
     "SchemaMissing",
     "StrategyError",
     "SyncCallOnEventLoop",
+    "TableHealth",
     "Task",
+    "TaskCancelled",
+    "TaskFailed",
     "TaskMixin",
+    "TaskNotFound",
     "TaskNotRegistered",
     "TaskQueue",
     "TaskQueueError",
+    "TaskResultError",
     "TaskStatus",
     "TaskWithOptions",
     "Worker",
     "backends",
+    "health",
     "metadata",
     "strategies",
 ]

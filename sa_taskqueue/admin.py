@@ -32,6 +32,7 @@ from sqlalchemy.orm import Session
 from sa_taskqueue import unique, validation
 from sa_taskqueue.backends import backend_for
 from sa_taskqueue.exceptions import translate_database_errors
+from sa_taskqueue.finished import notify_finished
 from sa_taskqueue.limits import ColumnLimits
 from sa_taskqueue.model import Task, TaskMixin, TaskStatus, has_status
 from sa_taskqueue.notify import notify_enqueued
@@ -299,13 +300,19 @@ class Admin:
 
 
 def cancel_queued(conn: Connection, table: Table, task_id: int, now: datetime) -> bool:
-    """Cancel task ``task_id`` on ``conn`` if it is still queued; True if it was."""
+    """Cancel task ``task_id`` on ``conn`` (in a transaction) if it is still queued; True if it was.
+
+    A caller waiting for its result is told when the transaction commits.
+    """
     result = conn.execute(
         update(table)
         .where(table.c.id == task_id, has_status(table, TaskStatus.QUEUED))
         .values(status=TaskStatus.CANCELLED, finished_at=now)
     )
-    return result.rowcount == 1
+    if result.rowcount != 1:
+        return False
+    notify_finished(conn, table, [task_id])
+    return True
 
 
 # Reading tasks: ``sa-taskqueue list`` and ``show`` ----------------------------------

@@ -39,6 +39,7 @@ from sa_taskqueue.exceptions import (
     SchemaMissing,
     TaskQueueError,
 )
+from sa_taskqueue.health import HealthThresholds, health_lines
 from sa_taskqueue.limits import ColumnLimits
 from sa_taskqueue.log_fields import TASK_LOG_FIELDS
 from sa_taskqueue.model import TaskStatus
@@ -283,6 +284,16 @@ WORKER_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
         help="Seconds running tasks get to finish after SIGTERM before they are given back.",
     ),
     click.option(
+        "--no-listen",
+        is_flag=True,
+        help="Poll for work instead of waiting on LISTEN (PostgreSQL): for a pooler in transaction mode.",
+    ),
+    click.option(
+        "--no-self-test",
+        is_flag=True,
+        help="Start without proving the database's locking first (see `sa-taskqueue doctor`).",
+    ),
+    click.option(
         "--log-format",
         type=click.Choice(["text", "json"]),
         default="text",
@@ -327,6 +338,8 @@ def worker(
     burst: bool,
     poll_interval: float,
     shutdown_timeout: float,
+    no_listen: bool,
+    no_self_test: bool,
     log_format: str,
     log_level: str,
 ) -> None:
@@ -350,6 +363,8 @@ def worker(
                 poll_interval=poll_interval,
                 isolation=isolation,
                 shutdown_timeout=shutdown_timeout,
+                listen=not no_listen,
+                self_test=not no_self_test,
             )
     logging.shutdown()
     if worker_.abandoned:
@@ -842,6 +857,171 @@ def _purge(
     engine: sa.Engine, table: sa.Table, /, statuses: list[str], older_than: timedelta, batch_size: int
 ) -> int:
     return Admin(engine, table).purge(statuses, older_than, batch_size)
+
+
+# health ---------------------------------------------------------------------------
+
+
+def _threshold_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """The table health thresholds, as ``health`` and ``doctor`` both take them."""
+    for option in reversed(_THRESHOLD_OPTIONS):
+        command = option(command)
+    return command
+
+
+_THRESHOLD_OPTIONS = [
+    click.option(
+        "--max-transaction-age",
+        type=cli_params.THRESHOLD_AGE,
+        default=None,
+        help="Flag transactions open longer than this (default 60s).",
+    ),
+    click.option(
+        "--max-dead-rows",
+        type=cli_params.THRESHOLD_COUNT,
+        default=None,
+        help="PostgreSQL: flag more dead rows than this (default 10000)...",
+    ),
+    click.option(
+        "--max-dead-row-ratio",
+        type=click.FloatRange(min=0.0),
+        default=None,
+        help="...that are also more than this fraction of the live rows (default 0.2).",
+    ),
+    click.option(
+        "--max-history-list-length",
+        type=cli_params.THRESHOLD_COUNT,
+        default=None,
+        help="MySQL, MariaDB: flag more unpurged undo records than this (default 100000).",
+    ),
+    click.option(
+        "--max-wal-bytes",
+        type=cli_params.THRESHOLD_COUNT,
+        default=None,
+        help="SQLite: flag a WAL file larger than this (default 64 MiB).",
+    ),
+]
+
+
+def _thresholds(
+    transaction_age: timedelta | None,
+    dead_rows: int | None,
+    dead_row_ratio: float | None,
+    history_list_length: int | None,
+    wal_bytes: int | None,
+) -> HealthThresholds:
+    """The thresholds given on the command line (None: not given) over the defaults."""
+    given: dict[str, Any] = {
+        "transaction_age": transaction_age,
+        "dead_rows": dead_rows,
+        "dead_row_ratio": dead_row_ratio,
+        "history_list_length": history_list_length,
+        "wal_bytes": wal_bytes,
+    }
+    try:
+        return HealthThresholds(**{name: value for name, value in given.items() if value is not None})
+    except (TypeError, ValueError) as error:
+        raise click.UsageError(str(error)) from None
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="One JSON object: figures, findings, notes and ok.")
+@_threshold_options
+@_app_option
+@_url_option
+@click.pass_context
+def health(
+    ctx: click.Context,
+    as_json: bool,
+    max_transaction_age: timedelta | None,
+    max_dead_rows: int | None,
+    max_dead_row_ratio: float | None,
+    max_history_list_length: int | None,
+    max_wal_bytes: int | None,
+    app: str | None,
+    url: str | None,
+) -> None:
+    """What slows the task table: dead rows, long transactions, purge lag, WAL size; with advice.
+
+    Each figure over its threshold is a finding, printed with what to do
+    about it.  The exit code is 0 either way: scripts read "ok" from --json.
+    """
+    thresholds = _thresholds(
+        max_transaction_age, max_dead_rows, max_dead_row_ratio, max_history_list_length, max_wal_bytes
+    )
+    with for_people(ctx, url):
+        target = _target(ctx, app, url)
+    with for_people(ctx, target.url):
+        report = target.queue.table_health(thresholds=thresholds)
+    if as_json:
+        click.echo(json.dumps(report.as_dict(), indent=2))
+    else:
+        for line in health_lines(report):
+            click.echo(redactor.text(line))
+
+
+# doctor ----------------------------------------------------------------------------
+
+
+@cli.command()
+@click.argument("app_argument", metavar="[APP]", required=False)
+@click.option("--no-listen", is_flag=True, help="Leave LISTEN out, as for workers run with --no-listen.")
+@click.option("--strict", is_flag=True, help="Exit 1 on a table health finding too.")
+@_threshold_options
+@_app_option
+@_url_option
+@click.pass_context
+def doctor(
+    ctx: click.Context,
+    app_argument: str | None,
+    no_listen: bool,
+    strict: bool,
+    app: str | None,
+    url: str | None,
+    max_transaction_age: timedelta | None,
+    max_dead_rows: int | None,
+    max_dead_row_ratio: float | None,
+    max_history_list_length: int | None,
+    max_wal_bytes: int | None,
+) -> None:
+    """Prove the database gives the queue what it relies on, as a worker does at start.
+
+    One line per check, passed or failed with the cause and the fix; then the
+    task table's health, as ``health`` prints it.  The exit code is 1 when any
+    check fails; a health finding counts only with --strict, being a slow
+    queue rather than a wrong one.  Given APP (as an argument or --app), its
+    queue's strategy is checked, on its database unless --url is given on the
+    command line; with --url alone, the strategy the database gets by default.
+    """
+    if app_argument is not None and app is not None:
+        raise click.UsageError("give APP or --app, not both")
+    app = app if app is not None else app_argument
+    with for_people(ctx, url):
+        target = _target(ctx, app, url)
+    with for_people(ctx, target.url):
+        report = target.queue.check_footing(listen=not no_listen)
+        strategy = target.queue.strategy.name
+        table = target.queue.table_health(
+            thresholds=_thresholds(
+                max_transaction_age, max_dead_rows, max_dead_row_ratio, max_history_list_length, max_wal_bytes
+            )
+        )
+    print_doctor(
+        [
+            (f"self-test ({strategy} strategy, {_safe(target.url)})", report.lines()),
+            ("table health", health_lines(table)),
+        ]
+    )
+    if not report.ok or (strict and not table.ok):
+        raise SystemExit(1)
+
+
+def print_doctor(sections: list[tuple[str, list[str]]]) -> None:
+    """``doctor``'s output: each section's title, then its lines indented under it."""
+    for title, lines in sections:
+        click.echo(f"{title}:")
+        for line in lines or ["(nothing to check)"]:
+            click.echo(f"  {redactor.text(line)}")
 
 
 # demo -----------------------------------------------------------------------------

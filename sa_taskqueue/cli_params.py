@@ -212,6 +212,10 @@ DURATION = Duration()
 LIST_LIMIT = BoundedInt(1, LIST_LIMIT_MAX)
 #: ``enqueue --params``.
 JSON_OBJECT = JSONObject()
+#: ``health --max-dead-rows`` and the other counts and sizes a threshold names.
+THRESHOLD_COUNT = BoundedInt(0, ID_MAX)
+#: ``health --max-transaction-age``: at most a century, like every other duration.
+THRESHOLD_AGE = Duration()
 #: ``enqueue --run-at``.
 RUN_AT = AwareDatetime()
 
@@ -231,6 +235,8 @@ __all__ = [
     "RUN_AT",
     "SHUTDOWN_TIMEOUT",
     "TASK_ID",
+    "THRESHOLD_AGE",
+    "THRESHOLD_COUNT",
     "AwareDatetime",
     "BoundedFloat",
     "BoundedInt",

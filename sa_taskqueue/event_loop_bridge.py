@@ -151,6 +151,17 @@ class EventLoopBridge:
         async with serialiser:
             return await greenlet_spawn(fn)
 
+    async def call_from_any_loop(self, fn: Callable[[], T]) -> T:
+        """``fn()`` awaited from any running loop: on this one if calls run here, else on theirs.
+
+        The caller's loop is never blocked: it awaits the answer of the loop
+        that owns the engine's connections.
+        """
+        target = self.loop()
+        if target is asyncio.get_running_loop():
+            return await self.call_async(fn)
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self.call_async(fn), target))
+
 
 #: How long a stopping loop gives its pending tasks to finish once cancelled, in seconds.
 _FINISH_PENDING_SECONDS = 5.0

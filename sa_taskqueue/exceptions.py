@@ -23,6 +23,20 @@ class StrategyError(TaskQueueError):
     """A claim strategy was asked for that this database cannot run."""
 
 
+class FootingError(TaskQueueError):
+    """The self-test found that this database connection cannot give the queue what it relies on.
+
+    A SKIP LOCKED the server ignores, advisory locks or LISTEN behind a pooler
+    in transaction mode: each would let tasks run twice or never wake a
+    worker, silently.  The message names each failed check, its cause and
+    the fix; ``report`` is the whole `sa_taskqueue.footing.FootingReport`.
+    """
+
+    def __init__(self, message: str, report: object = None) -> None:
+        super().__init__(message)
+        self.report = report
+
+
 class TaskNotRegistered(TaskQueueError, LookupError):
     """A worker claimed a task whose name no function is registered under in this process."""
 
@@ -62,6 +76,68 @@ class DatabaseBusy(DatabaseUnavailable):
 
     The driver error is the cause.
     """
+
+
+class TaskResultError(TaskQueueError):
+    """A task waited for with `TaskQueue.result` ended without a result: it failed for good, or was cancelled.
+
+    ``task_id``, ``status`` and ``attempts`` are the row's as it was read.
+    """
+
+    def __init__(self, message: str, *, task_id: int, status: str, attempts: int) -> None:
+        super().__init__(message)
+        self.task_id = task_id
+        self.status = status
+        self.attempts = attempts
+
+
+class TaskFailed(TaskResultError):
+    """The task failed for good (FAILED): ``last_error`` is the error its last attempt recorded."""
+
+    def __init__(self, task_id: int, *, attempts: int, last_error: str | None) -> None:
+        text = (last_error or "").strip()
+        # The last line of a traceback is the exception itself.
+        detail = text.splitlines()[-1] if text else "no error recorded"
+        super().__init__(
+            f"task {task_id} failed after {attempts} attempt(s): {detail}",
+            task_id=task_id,
+            status="failed",
+            attempts=attempts,
+        )
+        self.last_error = last_error
+
+
+class TaskCancelled(TaskResultError):
+    """The task was cancelled (CANCELLED) before it ran: it has no result and never will."""
+
+    def __init__(self, task_id: int, *, attempts: int) -> None:
+        super().__init__(
+            f"task {task_id} was cancelled: it has no result",
+            task_id=task_id,
+            status="cancelled",
+            attempts=attempts,
+        )
+
+
+class TaskNotFound(TaskQueueError, LookupError):
+    """No task has this id: it never existed, or was deleted (retention, purge) before its result was read."""
+
+    def __init__(self, task_id: int) -> None:
+        super().__init__(
+            f"no task with id {task_id}: it never existed, or it was deleted (retention or purge) "
+            "before its result was read"
+        )
+        self.task_id = task_id
+
+
+class ResultTimeout(TaskQueueError, TimeoutError):
+    """`TaskQueue.result` waited ``waited`` seconds and the task had not finished."""
+
+    def __init__(self, task_id: int, waited: float, status: str) -> None:
+        super().__init__(f"task {task_id} did not finish within {waited:g} s (it is {status})")
+        self.task_id = task_id
+        self.waited = waited
+        self.status = status
 
 
 @contextmanager
@@ -144,10 +220,16 @@ __all__ = [
     "DatabaseBusy",
     "DatabaseError",
     "DatabaseUnavailable",
+    "FootingError",
     "MalformedTask",
+    "ResultTimeout",
     "SchemaMissing",
     "StrategyError",
+    "TaskCancelled",
+    "TaskFailed",
+    "TaskNotFound",
     "TaskNotRegistered",
     "TaskQueueError",
+    "TaskResultError",
     "translate_database_errors",
 ]

@@ -189,6 +189,8 @@ def _command_group() -> click.Group:
         burst: bool,
         poll_interval: float,
         shutdown_timeout: float,
+        no_listen: bool,
+        no_self_test: bool,
         log_format: str,
         log_level: str,
     ) -> None:
@@ -202,6 +204,8 @@ def _command_group() -> click.Group:
             poll_interval=poll_interval,
             isolation=isolation,
             shutdown_timeout=shutdown_timeout,
+            listen=not no_listen,
+            self_test=not no_self_test,
         )
         if ran.abandoned:
             # As `sa-taskqueue worker` does: threads of tasks given back may still

@@ -112,6 +112,11 @@ def can_listen(engine: Engine) -> bool:
     return backend.notify and importlib.util.find_spec("psycopg") is not None
 
 
+def listening_engine(engine: Engine) -> Engine:
+    """The engine a `Listener` of ``engine`` connects through: itself, or a psycopg sync one if async."""
+    return _sync_listening_engine(engine) if engine.dialect.is_async else engine
+
+
 def _sync_listening_engine(engine: Engine) -> Engine:
     """An engine of psycopg's sync driver to an async engine's server, without a pool."""
     url = engine.url.set(drivername="postgresql+psycopg")
@@ -145,7 +150,7 @@ class Listener(threading.Thread):
         self.stop = stop
         self.listening = threading.Event()
         # An async engine's driver cannot wait here: a sync engine to its server does.
-        self._listening_engine = _sync_listening_engine(engine) if engine.dialect.is_async else engine
+        self._listening_engine = listening_engine(engine)
 
     def run(self) -> None:
         self.backoff = 0.5

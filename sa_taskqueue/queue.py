@@ -32,7 +32,8 @@ from sa_taskqueue.error_text import format_error
 from sa_taskqueue.event_loop_bridge import EventLoopBridge, asyncio_extension
 from sa_taskqueue.exceptions import translate_database_errors
 from sa_taskqueue.explain import explain
-from sa_taskqueue.finished import notify_finished
+from sa_taskqueue.footing import FootingReport, check_footing
+from sa_taskqueue.health import HealthThresholds, TableHealth, measure_table_health
 from sa_taskqueue.limits import ColumnLimits
 from sa_taskqueue.model import Task, TaskMixin, TaskStatus
 from sa_taskqueue.notify import notify_enqueued
@@ -43,6 +44,16 @@ from sa_taskqueue.registered import (
     TaskOptions,
     retry_delay,
     signature_to_check,
+)
+from sa_taskqueue.results import (
+    DEFAULT_POLL_INTERVAL,
+    FinishedListener,
+    TaskOutcome,
+    poll_seconds,
+    read_outcome,
+    wait_for_result,
+    wait_for_result_async,
+    wait_seconds,
 )
 from sa_taskqueue.schedules import EnqueuedSlot, PeriodicTask, Schedule, enqueue_due
 from sa_taskqueue.strategies import registry
@@ -148,6 +159,8 @@ class TaskQueue:
         self._async_worker_running = False
         #: The paused queues as last read: what claims leave out (`sa_taskqueue.pausing`).
         self.paused = PausedQueues()
+        #: Wakes `result` waiters when their task finishes (PostgreSQL); started by the first wait.
+        self.finished_listener = FinishedListener(self.engine, self.table)
         if strategy is not None:
             registry.check_requested(strategy, self.engine.dialect)
         backend_for(self.engine.dialect).configure_engine(self.engine)
@@ -722,6 +735,23 @@ class TaskQueue:
         with self._database_errors():
             return self._bridge.call(lambda: explain(self.engine, statement, request.params()))
 
+    def table_health(
+        self, *, now: datetime | None = None, thresholds: HealthThresholds | None = None
+    ) -> TableHealth:
+        """What slows this queue's table now, for monitoring: figures, findings with advice, and ``ok``.
+
+        Dead row versions and the transactions holding back their cleanup on
+        PostgreSQL, InnoDB's history list and oldest transactions on MySQL
+        and MariaDB, the WAL file on SQLite (`sa_taskqueue.health`).  Ages
+        are counted to ``now``, by default the queue's clock; ``thresholds``
+        replaces the default limits for this call.  Nothing is written.
+        """
+        moment = self.clock() if now is None else now
+        with self._database_errors():
+            return self._bridge.call(
+                lambda: measure_table_health(self.engine, self.table, now=moment, thresholds=thresholds)
+            )
+
     def _request(
         self,
         limit: int,
@@ -838,10 +868,9 @@ class TaskQueue:
         now = self.clock()
         values = {"status": TaskStatus.COMPLETED, "finished_at": now, "locked_until": None, "result": result}
         with self._database_errors():
-            written = self.strategy.complete_on(conn, self.table, claimed, values, now)
-            if written:
-                notify_finished(conn, self.table, [claimed.id])
-        return written
+            # (The fenced UPDATE announces the finished task itself, where the
+            # database has a channel: `LeaseWrites.write_if_held`.)
+            return self.strategy.complete_on(conn, self.table, claimed, values, now)
 
     def let_go(self, claimed: ClaimedTask) -> None:
         """A transactional task's transaction has ended: drop what the strategy still holds for it."""
@@ -902,6 +931,64 @@ class TaskQueue:
 
         with self._database_errors():
             return self._bridge.call(cancel)
+
+    # Results ---------------------------------------------------------------
+
+    def result(
+        self,
+        task_id: int,
+        timeout: timedelta | float | None = None,
+        *,
+        poll_interval: float = DEFAULT_POLL_INTERVAL,
+    ) -> Any:
+        """Wait until task ``task_id`` is finished and return its result, as stored (JSON).
+
+        Raises `TaskFailed` (with the task's ``last_error``) if it failed for
+        good, `TaskCancelled` if it was cancelled, `TaskNotFound` if there is
+        no such task (or retention deleted it), and `ResultTimeout` (a
+        `TimeoutError`) if it has not finished after ``timeout`` seconds;
+        None waits for ever.  A task queued again to retry is not finished.
+        On PostgreSQL a notification sent when the task finishes wakes the
+        wait at once, and the row is read again every ``poll_interval``
+        seconds in case one is lost; elsewhere the reads back off from a few
+        milliseconds up to ``poll_interval`` (`sa_taskqueue.results`).
+        """
+        validation.check_task_id(task_id)
+        seconds = wait_seconds(timeout)
+        cap = poll_seconds(poll_interval)
+
+        def read() -> TaskOutcome:
+            with self._database_errors():
+                return self._bridge.call(lambda: read_outcome(self.engine, self.table, task_id))
+
+        return wait_for_result(read, self.finished_listener, task_id, seconds, cap)
+
+    async def result_async(
+        self,
+        task_id: int,
+        timeout: timedelta | float | None = None,
+        *,
+        poll_interval: float = DEFAULT_POLL_INTERVAL,
+    ) -> Any:
+        """`result` for a coroutine: the wait and the reads never block the running event loop.
+
+        On an async engine each read runs on the loop that owns the engine's
+        connections; on a sync engine, in a thread.
+        """
+        validation.check_task_id(task_id)
+        seconds = wait_seconds(timeout)
+        cap = poll_seconds(poll_interval)
+
+        def read_row() -> TaskOutcome:
+            return read_outcome(self.engine, self.table, task_id)
+
+        async def read() -> TaskOutcome:
+            with self._database_errors():
+                if self.is_async:
+                    return await self._bridge.call_from_any_loop(read_row)
+                return await asyncio.to_thread(read_row)
+
+        return await wait_for_result_async(read, self.finished_listener, task_id, seconds, cap)
 
     # Paused queues ---------------------------------------------------------
 
@@ -1106,8 +1193,24 @@ class TaskQueue:
             raise TypeError("a TaskQueue on a sync Engine runs its database calls in the calling thread")
         return self._bridge.loop()
 
+    def check_footing(self, *, listen: bool = True) -> FootingReport:
+        """The self-test a worker runs at start (`sa_taskqueue.footing`), for ``doctor`` and monitoring.
+
+        Proves on two connections of its own that what the strategy relies on
+        holds through this engine's URL (SKIP LOCKED honoured, advisory locks
+        kept per session, one winner of a compare-and-set) and, with
+        ``listen``, that a NOTIFY reaches a LISTENing connection.  Returns
+        the checks; `FootingReport.raise_if_failed` turns failures into a
+        `FootingError`.
+        """
+        return check_footing(self, listen=listen)
+
     def close(self) -> None:
-        """Release what the strategy holds: its kept connections and any advisory locks."""
+        """Release what the strategy holds: its kept connections and any advisory locks.
+
+        The connection listening for finished tasks is closed too (a later wait opens it again).
+        """
+        self.finished_listener.close()
         if self._strategy is not None:
             self._bridge.call(self._strategy.close)
 

@@ -140,6 +140,7 @@ class Worker:
         on_failure: FailureHook | None = None,
         watchdog: bool = True,
         event_loop: asyncio.AbstractEventLoop | None = None,
+        self_test: bool = True,
     ) -> None:
         if not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 1:
             raise ValueError(f"concurrency must be a positive integer, got {concurrency!r}")
@@ -164,6 +165,7 @@ class Worker:
         self.on_success = on_success
         self.on_failure = on_failure
         self.watchdog = watchdog
+        self.self_test = self_test
         self._watchdog: Watchdog | None = None
         self.processed = 0
         self.failed = 0
@@ -197,9 +199,17 @@ class Worker:
             return [slot for slot in self._running.values() if not slot.finished]
 
     def run(self) -> None:
-        """Run until stopped (or, with ``burst``, until nothing is due)."""
+        """Run until stopped (or, with ``burst``, until nothing is due).
+
+        With ``self_test`` (the default) the worker first proves its footing
+        (`sa_taskqueue.footing`) and raises `FootingError` instead of
+        starting where the database, or a pooler in front of it, would let
+        its claims overlap or its LISTEN go deaf.
+        """
         if self.isolation == "process":
             check_no_transactional(self.queue)
+        if self.self_test and not self._prove_footing():
+            return
         if self.watchdog:
             self._watchdog = Watchdog(self._watchdog_lost)
         restore_signals = self._install_signal_handlers()
@@ -258,6 +268,35 @@ class Worker:
                 self.failed,
                 self.given_back,
             )
+
+    def _prove_footing(self) -> bool:
+        """Run the self-test once it can reach the database; raise `FootingError` if it fails.
+
+        An outage (a server not up yet, SQLite's write lock held by an
+        application) is waited out as the claim loop waits one out.  False
+        if the worker was stopped meanwhile.
+        """
+        backoff = 0.0
+        while not self._stopping.is_set():
+            try:
+                report = self.queue.check_footing(listen=self.listen and not self.burst)
+            except DatabaseUnavailable as error:
+                backoff = min(max(backoff * 2, 0.5), MAX_ERROR_BACKOFF)
+                self._database_trouble(error, backoff)
+                self._stopping.wait(backoff)
+                continue
+            self._database_back()
+            for check in report.checks:
+                logger.log(logging.DEBUG if check.passed else logging.ERROR, "self-test %s", check.line())
+            if not report.ok:
+                logger.error(
+                    "worker %s refuses to start: the self-test failed (turn it off with self_test=False, "
+                    "--no-self-test, only if you know better)",
+                    self.worker_id,
+                )
+            report.raise_if_failed()
+            return True
+        return False
 
     # The claim loop ----------------------------------------------------------
 

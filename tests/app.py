@@ -197,8 +197,7 @@ def _run_one(args: argparse.Namespace) -> None:
     task = claimed[0]
     registered = queue.registered(task.name)
     assert registered is not None
-    registered.func(**task.params)
-    queue.complete(task)
+    queue.complete(task, registered.func(**task.params))
 
 
 def main() -> None:

@@ -10,6 +10,7 @@ dialect's name.
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from sqlalchemy import JSON, ColumnElement, Connection, DateTime, Engine, Insert, Table, Text
@@ -176,6 +177,30 @@ class Backend:
     def advisory_unlock(self, namespace: int, key: int) -> ColumnElement[Any]:
         """A call that releases lock ``key`` of ``namespace``."""
         raise NotImplementedError(f"{self.label} has no advisory locks")
+
+    # Footing (the self-test, `sa_taskqueue.footing`) ---------------------------------
+
+    def session_id(self) -> ColumnElement[Any] | None:
+        """A call naming the server session a statement runs in; None where there is none to ask.
+
+        Two client connections that report one session, or one connection
+        whose session changes between transactions, sit behind a pooler that
+        hands server sessions out per transaction.
+        """
+        return None
+
+    def bounded_lock_wait(self, conn: Connection, seconds: float) -> AbstractContextManager[None]:
+        """Within: a statement on ``conn`` waiting for another's lock gives up after about ``seconds``.
+
+        ``conn`` is in a transaction.  Whatever is changed is put back on
+        leaving.  By default nothing can be bounded here, and a wait lasts as
+        long as the database lets it.
+        """
+        return nullcontext()
+
+    def lock_wait_ran_out(self, error: BaseException | None) -> bool:
+        """Whether the driver's ``error`` ends a wait that `bounded_lock_wait` bounded."""
+        return False
 
     # Errors ----------------------------------------------------------------------------
 

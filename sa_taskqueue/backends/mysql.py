@@ -7,6 +7,9 @@ SQLAlchemy names the dialect ``"mysql"`` under a ``mysql://`` URL (setting
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy import ColumnElement, Connection, Engine, Table, func
@@ -97,6 +100,24 @@ class MySQLBackend(Backend):
     def advisory_unlock(self, namespace: int, key: int) -> ColumnElement[Any]:
         return func.release_lock(_lock_name(namespace, key))
 
+    def session_id(self) -> ColumnElement[Any]:
+        return func.connection_id()
+
+    @contextmanager
+    def bounded_lock_wait(self, conn: Connection, seconds: float) -> Iterator[None]:
+        # InnoDB counts its lock wait in whole seconds, and only per session:
+        # the session's own value is put back afterwards.
+        before = conn.exec_driver_sql("SELECT @@SESSION.innodb_lock_wait_timeout").scalar()
+        conn.exec_driver_sql(f"SET SESSION innodb_lock_wait_timeout = {max(math.ceil(seconds), 1)}")
+        try:
+            yield
+        finally:
+            conn.exec_driver_sql(f"SET SESSION innodb_lock_wait_timeout = {int(before or 50)}")
+
+    def lock_wait_ran_out(self, error: BaseException | None) -> bool:
+        args: tuple[Any, ...] = getattr(error, "args", ())
+        return bool(args) and args[0] == ER_LOCK_WAIT_TIMEOUT
+
     def outage(self, error: BaseException) -> bool | None:
         # PyMySQL files every server error it has no class for (an unknown
         # column, 1054, among them) under OperationalError: the error number
@@ -131,6 +152,8 @@ class MySQLBackend(Backend):
 
 #: MySQL's and MariaDB's "Deadlock found when trying to get lock".
 ER_LOCK_DEADLOCK = 1213
+#: "Lock wait timeout exceeded; try restarting transaction".
+ER_LOCK_WAIT_TIMEOUT = 1205
 
 
 def _lock_name(namespace: int, key: int) -> str:

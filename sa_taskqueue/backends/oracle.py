@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import Connection, Engine, event
+from sqlalchemy import ColumnElement, Connection, Engine, event, func
 from sqlalchemy.dialects import oracle
 from sqlalchemy.types import TypeEngine
 
@@ -38,6 +40,25 @@ class OracleBackend(Backend):
     def configure_engine(self, engine: Engine) -> None:
         if not event.contains(engine, "before_cursor_execute", size_fetch):
             event.listen(engine, "before_cursor_execute", size_fetch)
+
+    def session_id(self) -> ColumnElement[Any]:
+        return func.sys_context("USERENV", "SID")
+
+    @contextmanager
+    def bounded_lock_wait(self, conn: Connection, seconds: float) -> Iterator[None]:
+        # Oracle has no lock timeout a SELECT ... FOR UPDATE SKIP LOCKED can
+        # take (WAIT n cannot stand beside SKIP LOCKED): python-oracledb's
+        # call timeout ends the call instead (DPI-1067).
+        driver: Any = conn.connection.driver_connection
+        before = driver.call_timeout
+        driver.call_timeout = max(int(seconds * 1000), 1)
+        try:
+            yield
+        finally:
+            driver.call_timeout = before
+
+    def lock_wait_ran_out(self, error: BaseException | None) -> bool:
+        return "DPI-1067" in str(error)
 
     def duplicate_key(self, error: BaseException | None, index: str) -> bool:
         # ORA-00001: "unique constraint (<schema>.<INDEX>) violated"; the

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import ColumnElement, Engine, Insert, Table, func
+from sqlalchemy import ColumnElement, Connection, Engine, Insert, Table, func
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.types import TypeEngine
 
@@ -64,6 +66,19 @@ class PostgreSQLBackend(Backend):
     def advisory_unlock(self, namespace: int, key: int) -> ColumnElement[Any]:
         return func.pg_advisory_unlock(_int4(namespace), _int4(key))
 
+    def session_id(self) -> ColumnElement[Any]:
+        # The server process serving this session: one per session, for its whole life.
+        return func.pg_backend_pid()
+
+    @contextmanager
+    def bounded_lock_wait(self, conn: Connection, seconds: float) -> Iterator[None]:
+        # SET LOCAL ends with the transaction: nothing to put back.
+        conn.exec_driver_sql(f"SET LOCAL lock_timeout = '{max(int(seconds * 1000), 1)}ms'")
+        yield
+
+    def lock_wait_ran_out(self, error: BaseException | None) -> bool:
+        return _sqlstate(error) == LOCK_NOT_AVAILABLE
+
     def outage(self, error: BaseException) -> bool | None:
         # psycopg files "program limit exceeded" (54: too many columns) and
         # more under OperationalError; the SQLSTATE class tells them apart.
@@ -90,6 +105,13 @@ class PostgreSQLBackend(Backend):
 
 #: SQLSTATE of a transaction rolled back to end a deadlock.
 DEADLOCK_DETECTED = "40P01"
+#: SQLSTATE of a lock wait ended by lock_timeout.
+LOCK_NOT_AVAILABLE = "55P03"
+
+
+def _sqlstate(error: BaseException | None) -> str | None:
+    found = getattr(error, "sqlstate", None) or getattr(error, "pgcode", None)
+    return found if isinstance(found, str) else None
 
 
 def _int4(value: int) -> int:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import sqlite3
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy import ColumnElement, Connection, Engine, Insert, Table, event
@@ -85,6 +87,19 @@ class SQLiteBackend(Backend):
     ) -> Insert:
         # A partial index is a conflict target only with its WHERE repeated.
         return sqlite.insert(into).on_conflict_do_nothing(index_elements=[key], index_where=index_where)
+
+    @contextmanager
+    def bounded_lock_wait(self, conn: Connection, seconds: float) -> Iterator[None]:
+        # The busy timeout is the connection's: its own value is put back afterwards.
+        before = conn.exec_driver_sql("PRAGMA busy_timeout").scalar()
+        conn.exec_driver_sql(f"PRAGMA busy_timeout = {max(int(seconds * 1000), 1)}")
+        try:
+            yield
+        finally:
+            conn.exec_driver_sql(f"PRAGMA busy_timeout = {int(before or 0)}")
+
+    def lock_wait_ran_out(self, error: BaseException | None) -> bool:
+        return _is_busy(error)
 
     def outage(self, error: BaseException) -> bool | None:
         # sqlite3 files every failure, "too many columns" as much as an I/O

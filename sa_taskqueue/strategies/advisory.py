@@ -35,6 +35,7 @@ from sqlalchemy.exc import DBAPIError
 
 from sa_taskqueue.backends import backend_for
 from sa_taskqueue.claimed import ClaimedTask, ClaimKey
+from sa_taskqueue.finished import notify_finished
 from sa_taskqueue.model import TaskStatus, has_status
 from sa_taskqueue.strategies.base import ClaimStrategy
 from sa_taskqueue.strategies.claiming import ClaimRequest, claimed_values, due_clause, due_select, whole_row
@@ -361,6 +362,10 @@ class AdvisoryLockStrategy(ClaimStrategy):
                     .values(**orphan_values(table, now, WORKER_LOST_ERROR))
                 )
                 recovered = result.rowcount
+                # Those out of attempts are FAILED now.  The connection is in
+                # autocommit, so this goes out after the UPDATE committed: a
+                # waiter woken by it reads the new status.
+                notify_finished(conn, table, orphans)
                 locks.unlock(conn, orphans)
         except BaseException:
             conn.invalidate()

@@ -32,7 +32,8 @@ from sqlalchemy import (
 
 from sa_taskqueue.backends import backend_for
 from sa_taskqueue.claimed import ClaimedTask
-from sa_taskqueue.model import TaskStatus, has_status
+from sa_taskqueue.finished import announced_ids, announcing, notify_finished
+from sa_taskqueue.model import FINISHED_STATUSES, TaskStatus, has_status
 from sa_taskqueue.types import UTCDateTime
 
 if TYPE_CHECKING:
@@ -83,24 +84,35 @@ class LeaseWrites:
     def write_if_held(
         self, conn: Connection, table: Table, task: ClaimedTask, values: Mapping[str, Any], now: datetime
     ) -> bool:
-        """Run the guarded UPDATE of `finish_statement` on ``conn``; True if it wrote the row."""
+        """Run the guarded UPDATE of `finish_statement` on ``conn``; True if it wrote the row.
+
+        A final status (completed, failed) is announced on the finished
+        channel where the database has one, in the same statement
+        (`sa_taskqueue.finished.announcing`), so that a caller waiting for
+        the result wakes when it commits.
+        """
         params = held_params(task, now)
+        announce = values.get("status") in FINISHED_STATUSES and backend_for(conn.dialect).notify
         if any(isinstance(value, ClauseElement) for value in values.values()):
             # Values holding SQL (release's ``attempts - 1``) are rare: built each time.
             statement = update(table).where(self.holds(table)).values(**values)
+            if announce:
+                return bool(announced_ids(conn.execute(announcing(statement, table), params).scalar()))
             return conn.execute(statement, params).rowcount == 1
         names = tuple(sorted(values))
-        prepared = self.executor.prepared(
-            ("finish", names),
-            conn.dialect,
-            table,
-            lambda: (
+
+        def build() -> Any:
+            statement = (
                 update(table)
                 .where(self.holds(table))
                 .values({name: bindparam(f"set_{name}", type_=table.c[name].type) for name in names})
-            ),
-        )
+            )
+            return announcing(statement, table) if announce else statement
+
+        prepared = self.executor.prepared(("finish", names, announce), conn.dialect, table, build)
         params.update({f"set_{name}": value for name, value in values.items()})
+        if announce:
+            return bool(announced_ids(prepared.execute(conn, params).scalar()))
         return prepared.execute(conn, params).rowcount == 1
 
     def complete_on(
@@ -143,12 +155,19 @@ class LeaseWrites:
             return done
         count = len(tasks)
         with_results = any(result is not None for result in results)
-        returning = backend_for(engine.dialect).update_returning
+        backend = backend_for(engine.dialect)
+        returning = backend.update_returning
+        # Where completions are announced (PostgreSQL), the UPDATE goes in a
+        # statement that also sends the ids written: one round trip still.
+        announce = backend.notify
+
+        def build() -> Any:
+            if announce:
+                return announcing(complete_many_statement(table, count, with_results, returning=False), table)
+            return complete_many_statement(table, count, with_results, returning=returning)
+
         statement = self.executor.prepared(
-            ("complete_many", count, with_results),
-            engine.dialect,
-            table,
-            lambda: complete_many_statement(table, count, with_results, returning=returning),
+            ("complete_many", count, with_results, announce), engine.dialect, table, build
         )
         params: dict[str, Any] = {HELD_NOW: now, "finished_now": now}
         for index, (task, result) in enumerate(zip(tasks, results, strict=True)):
@@ -157,6 +176,8 @@ class LeaseWrites:
                 params[f"result_{index}"] = result
         with self.executor.single_statement(engine) as conn:
             written = statement.execute(conn, params)
+            if announce:
+                return announced_ids(written.scalar())
             if returning:
                 return {row[0] for row in written}
             if written.rowcount == count:
@@ -233,6 +254,9 @@ class LeaseWrites:
                 )
                 .values(**orphan_values(table, now, LEASE_EXPIRED_ERROR))
             )
+            # Those out of attempts are FAILED now: their waiters are told (the
+            # others, queued again, read their row and wait on).
+            notify_finished(conn, table, ids)
             return result.rowcount
 
     def transaction(self, engine: Engine) -> AbstractContextManager[Connection]:

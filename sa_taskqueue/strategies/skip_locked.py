@@ -168,7 +168,7 @@ class SkipLockedStrategy(ClaimStrategy):
     # Limited claims ----------------------------------------------------------------
 
     def limited_candidates(self, dialect: Dialect, query: Select[Any], request: ClaimRequest) -> Any:
-        locked = query.with_for_update(skip_locked=True)
+        locked = skipping_locked(query)
         if not backend_for(dialect).limit_with_for_update:
             # Oracle: no row limit beside FOR UPDATE; the claim fetches only
             # the window from this unbounded cursor, and the driver is told
@@ -179,7 +179,7 @@ class SkipLockedStrategy(ClaimStrategy):
     # Shared -------------------------------------------------------------------------
 
     def lock_rows(self, conn: Connection, query: Any) -> Any:
-        return query.with_for_update(skip_locked=True)
+        return skipping_locked(query)
 
     @contextmanager
     def transaction(self, engine: Engine) -> Iterator[Connection]:
@@ -202,4 +202,13 @@ def mark_claimed(table: Table, request: ClaimRequest, id_params: list[str]) -> A
 
 def locking_select(table: Table, request: ClaimRequest, *columns: Any) -> Select[Any]:
     """Due rows in claim order, locked with SKIP LOCKED; the caller adds a LIMIT where the database allows."""
-    return due_select(table, request, *columns).with_for_update(skip_locked=True)
+    return skipping_locked(due_select(table, request, *columns))
+
+
+def skipping_locked(query: Select[Any]) -> Select[Any]:
+    """``query`` locking the rows it returns and skipping those another transaction has locked.
+
+    Every locking read of this strategy goes through here, and so does the
+    self-test's (`sa_taskqueue.footing`): what the claim sends is what is proven.
+    """
+    return query.with_for_update(skip_locked=True)
