@@ -42,6 +42,14 @@ ASYNC_CONFORMANCE = [
     "tests/test_processes.py",
     "tests/test_async_queue.py",
     "tests/test_results.py",
+    "tests/test_transactional.py",
+]
+
+#: Left out of the async reruns for time: the sync run of each backend's full
+#: session drains its 5,000 tasks through the same fence and commit path.
+ASYNC_DESELECTED = [
+    "--deselect",
+    "tests/test_transactional.py::test_kill_storm_every_task_s_writes_commit_exactly_once",
 ]
 
 
@@ -58,7 +66,14 @@ def _tests(session: nox.Session, backend: str, sqlalchemy: str) -> None:
     if sqlalchemy == FULL_SUITE_SERIES and backend not in ASYNC_COVERED_ELSEWHERE:
         for driver in _async_drivers(session, backend):
             session.run(
-                "pytest", "--backend", backend, "--async-driver", driver, *session.posargs, *ASYNC_CONFORMANCE
+                "pytest",
+                "--backend",
+                backend,
+                "--async-driver",
+                driver,
+                *ASYNC_DESELECTED,
+                *session.posargs,
+                *ASYNC_CONFORMANCE,
             )
 
 
