@@ -41,6 +41,7 @@ from typing import Any
 
 from sqlalchemy import Column, Connection, Integer, Table, insert
 from sqlalchemy.engine import Dialect
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.util import await_only
 
 from sa_taskqueue.backends import backend_for
@@ -148,15 +149,20 @@ def _copy(driver: Any, sql: str, types: list[int], rows: Iterable[tuple[Any, ...
     """Binary ``COPY ... FROM STDIN`` of ``rows`` (of these type oids) on the driver's connection."""
     import psycopg
 
-    if isinstance(driver, psycopg.AsyncConnection):
-        # An AsyncSession runs this code in SQLAlchemy's greenlet, which can
-        # wait on the connection's event loop as its own driver calls do.
-        await_only(_copy_async(driver, sql, types, rows))
-        return
-    with driver.cursor() as cursor, cursor.copy(sql) as copy:
-        copy.set_types(types)
-        for row in rows:
-            copy.write_row(row)
+    try:
+        if isinstance(driver, psycopg.AsyncConnection):
+            # An AsyncSession runs this code in SQLAlchemy's greenlet, which can
+            # wait on the connection's event loop as its own driver calls do.
+            await_only(_copy_async(driver, sql, types, rows))
+            return
+        with driver.cursor() as cursor, cursor.copy(sql) as copy:
+            copy.set_types(types)
+            for row in rows:
+                copy.write_row(row)
+    except psycopg.Error as error:
+        # As SQLAlchemy wraps a driver's error (an IntegrityError stays one),
+        # so callers catch the same exceptions whichever path the rows took.
+        raise DBAPIError.instance(sql, None, error, psycopg.Error) from error
 
 
 async def _copy_async(driver: Any, sql: str, types: list[int], rows: Iterable[tuple[Any, ...]]) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import sqlalchemy as sa
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import DeclarativeBase, Session
 
 import sa_taskqueue as tq
 from sa_taskqueue.bulk_insert import COPY_THRESHOLD
@@ -115,3 +115,33 @@ def test_statements_other_than_the_copy_stay_visible_to_cursor_events(
         assert any("nextval" in statement for statement in statements), statements
     else:
         assert any(statement.lstrip().upper().startswith("INSERT") for statement in statements), statements
+
+
+class CheckedBase(DeclarativeBase):
+    pass
+
+
+class CheckedTask(tq.TaskMixin, CheckedBase):
+    """A task table whose database refuses what the queue does not check: priorities of 5 and up."""
+
+    __tablename__ = "checked_tasks"
+
+
+@pytest.mark.backends("postgres", "postgres18")
+def test_a_database_error_in_the_copy_is_sqlalchemys_error_and_rolls_back_cleanly(engine: sa.Engine) -> None:
+    CheckedBase.metadata.drop_all(engine)
+    CheckedBase.metadata.create_all(engine)
+    try:
+        with engine.begin() as conn:
+            conn.exec_driver_sql("ALTER TABLE checked_tasks ADD CONSTRAINT low_priority CHECK (priority < 5)")
+        queue = tq.TaskQueue(engine, model=CheckedTask)
+        queue.task(name="noop")(lambda n: None)
+        with Session(engine) as session:
+            with pytest.raises(sa.exc.IntegrityError, match="low_priority"):
+                queue.enqueue_many(session, "noop", [{"n": n} for n in range(ROWS)], priority=7)
+            session.rollback()
+            ids = queue.enqueue_many(session, "noop", [{"n": n} for n in range(ROWS)])
+            session.commit()
+        assert ids is not None and len(ids) == ROWS
+    finally:
+        CheckedBase.metadata.drop_all(engine)
