@@ -12,6 +12,7 @@ import sqlalchemy as sa
 
 from benchmarks.backends import fresh_table
 from benchmarks.clients import make_client
+from benchmarks.raw_batch import RAW_BATCH, make_batch_client
 
 
 def seed(url: str, count: int, **overrides: Any) -> None:
@@ -39,7 +40,8 @@ def seed(url: str, count: int, **overrides: Any) -> None:
 
 
 def _drain_worker(implementation: str, url: str, batch: int, ready: Any, go: Any, results: Any) -> None:
-    client = make_client(implementation, url, batch)
+    batched = implementation == RAW_BATCH
+    client = make_batch_client(url, batch) if batched else make_client(implementation, url, batch)
     ready.release()
     go.wait()
     done: list[int] = []
@@ -54,9 +56,14 @@ def _drain_worker(implementation: str, url: str, batch: int, ready: Any, go: Any
             time.sleep(0.01)
             continue
         empty = 0
-        for task_id, _params in tasks:
-            client.complete(task_id)
-            done.append(task_id)
+        if batched:
+            ids = [task_id for task_id, _params in tasks]
+            client.complete_many(ids)  # type: ignore[attr-defined]
+            done.extend(ids)
+        else:
+            for task_id, _params in tasks:
+                client.complete(task_id)
+                done.append(task_id)
         last = time.perf_counter()
         cycles.append((last - cycle_started) * 1000)
     client.close()

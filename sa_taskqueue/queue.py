@@ -483,7 +483,10 @@ class TaskQueue:
     ) -> list[int] | Coroutine[Any, Any, list[int] | None] | None:
         """Add one task per params dict in the caller's transaction; the caller commits.
 
-        One multi-row INSERT per ``chunk_size`` tasks, without ORM objects.
+        One multi-row INSERT per ``chunk_size`` tasks, without ORM objects;
+        on PostgreSQL with psycopg 3, from ``bulk_insert.COPY_THRESHOLD``
+        tasks, one ``COPY`` for them all, which SQLAlchemy's cursor events do
+        not see (see `sa_taskqueue.bulk_insert`).
         Every argument is checked before the first row is sent.  Returns the
         new ids in order, or None where the database cannot return them from
         a multi-row INSERT (MySQL).  With an `AsyncSession` it returns a
@@ -503,10 +506,7 @@ class TaskQueue:
                 f"unique_key gives {len(params_list)} rows one key, so all but the first would be dropped; "
                 "register the task with unique_by=(...) to key each row by its params"
             )
-        rows = [
-            self._task_values(name, params, queue, priority, run_at, max_attempts, unique_key)
-            for params in params_list
-        ]
+        rows = self._many_task_values(name, params_list, queue, priority, run_at, max_attempts, unique_key)
         if _is_async_session(session):
             return EnqueueCoroutine(
                 _in_async_session(session, lambda sync: self._insert(sync, rows, chunk_size)),
@@ -519,17 +519,9 @@ class TaskQueue:
             return []
         if "unique_key" in rows[0]:  # (a key for one row is a key for all: unique_key or unique_by)
             return unique.add_many(session, self.table, rows)
-        conn = session.connection()
-        ids: list[int] = []
-        returned = True
-        for start in range(0, len(rows), chunk_size):
-            chunk_ids = insert_rows(conn, self.table, rows[start : start + chunk_size])
-            if chunk_ids is None:
-                returned = False
-            else:
-                ids.extend(chunk_ids)
+        ids = insert_rows(session.connection(), self.table, rows, chunk_size=chunk_size)
         notify_enqueued(session, self.table, {row["queue"] for row in rows})
-        return ids if returned else None
+        return ids
 
     def _task_values(
         self,
@@ -563,10 +555,49 @@ class TaskQueue:
             now=self.clock(),
             limits=self._limits,
         )
-        registered.check_params(values["params"])
+        return self._with_params(registered, values, values["params"], unique_key)
+
+    def _many_task_values(
+        self,
+        name: str,
+        params_list: list[dict[str, Any] | None],
+        queue: str | None,
+        priority: int | None,
+        run_at: datetime | None,
+        max_attempts: int | None,
+        unique_key: str | None,
+    ) -> list[dict[str, Any]]:
+        """The rows of one ``enqueue_many``, every one checked before any is written.
+
+        The options all rows share (name, queue, priority, run_at, max_attempts,
+        and the call's time as created_at) are checked once, with the first
+        row; each row's params are checked on their own, as ``enqueue`` checks them.
+        """
+        if not params_list:
+            return []
+        first = self._task_values(name, params_list[0], queue, priority, run_at, max_attempts, unique_key)
+        registered = self._tasks[name]
+        rows = [first]
+        for params in params_list[1:]:
+            params = {} if params is None else params
+            validation.check_params(params)
+            rows.append(self._with_params(registered, dict(first), params, unique_key))
+        return rows
+
+    def _with_params(
+        self,
+        registered: RegisteredTask[Any, Any],
+        values: dict[str, Any],
+        params: dict[str, Any],
+        unique_key: str | None,
+    ) -> dict[str, Any]:
+        """``values`` with ``params`` (already checked as JSON), checked against the task and keyed."""
+        options = registered.options
+        registered.check_params(params)
+        values["params"] = params
         if options.concurrency is not None:
-            values["concurrency_key"] = options.concurrency.key_of(values["params"])
-        key = unique.key_of(unique_key, options.unique_by, values["params"], name, self._limits)
+            values["concurrency_key"] = options.concurrency.key_of(params)
+        key = unique.key_of(unique_key, options.unique_by, params, registered.name, self._limits)
         if key is not None:
             values["unique_key"] = key
         return values

@@ -63,6 +63,10 @@ class Backend:
     #: A multi-row INSERT numbers its rows in order and nothing else writes
     #: meanwhile, so the new ids sorted are the rows in order.
     multi_row_insert_ids_in_order = False
+    #: Many rows go through the driver's COPY protocol (psycopg 3's ``copy()``).
+    insert_by_copy = False
+    #: The most values one statement may bind (MySQL's protocol counts them in 16 bits).
+    max_bound_values = 65535
 
     # Unique tasks ----------------------------------------------------------------
 

@@ -39,6 +39,8 @@ class PostgreSQLBackend(Backend):
     # psycopg splits a multi-row INSERT's thousands of placeholders out with a
     # regular expression on every run; nine arrays cost it nothing.
     insert_from_arrays = True
+    # COPY FROM STDIN: no statement to parse, rows streamed in one round trip.
+    insert_by_copy = True
     # INSERT ... ON CONFLICT DO NOTHING (9.5+) waits for a clashing insert
     # still in flight, then skips the row without an error.
     insert_skips_conflicts = True

@@ -63,6 +63,11 @@ class SQLiteBackend(Backend):
     # No datetime type at all: values are text, kept as UTC wall time.
     stores_naive_utc = True
 
+    @property
+    def max_bound_values(self) -> int:  # type: ignore[override]
+        # SQLITE_MAX_VARIABLE_NUMBER's default: 999 before SQLite 3.32.
+        return 32766 if sqlite3.sqlite_version_info >= (3, 32) else 999
+
     def configure_engine(self, engine: Engine) -> None:
         # Python's sqlite3 gives up after 5 s on a lock another process holds;
         # a writing application may hold it longer.  Every connection waits
