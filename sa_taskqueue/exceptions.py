@@ -8,11 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 from sqlalchemy import Engine, Table, inspect
 from sqlalchemy import exc as sa_exc
 
 from sa_taskqueue.backends import backend_for
+
+if TYPE_CHECKING:
+    from sa_taskqueue.footing import FootingReport
 
 
 class TaskQueueError(Exception):
@@ -32,7 +36,7 @@ class FootingError(TaskQueueError):
     the fix; ``report`` is the whole `sa_taskqueue.footing.FootingReport`.
     """
 
-    def __init__(self, message: str, report: object = None) -> None:
+    def __init__(self, message: str, report: FootingReport | None = None) -> None:
         super().__init__(message)
         self.report = report
 

@@ -96,10 +96,21 @@ def wait_seconds(timeout: timedelta | float | None, argument: str = "timeout") -
     return float(seconds)
 
 
+#: The longest ``poll_interval``: a day.  Longer pauses would overflow the platform's timed waits.
+MAX_POLL_INTERVAL = 86_400.0
+
+
 def poll_seconds(poll_interval: float) -> float:
-    """``poll_interval`` checked: a positive number of seconds."""
-    if isinstance(poll_interval, bool) or not isinstance(poll_interval, int | float) or not poll_interval > 0:
-        raise ValueError(f"poll_interval must be a positive number of seconds, got {poll_interval!r}")
+    """``poll_interval`` checked: a positive number of seconds, at most `MAX_POLL_INTERVAL`."""
+    if (
+        isinstance(poll_interval, bool)
+        or not isinstance(poll_interval, int | float)
+        or not 0 < poll_interval <= MAX_POLL_INTERVAL
+    ):
+        raise ValueError(
+            f"poll_interval must be a number of seconds above 0 and at most {MAX_POLL_INTERVAL:.0f} (a day), "
+            f"got {poll_interval!r}"
+        )
     return float(poll_interval)
 
 
@@ -285,6 +296,13 @@ class FinishedListener:
         """
         with self._mutex:
             self._stop.set()
+            # Nothing announces an id from now on: waiters parked on a
+            # notification go back to polling at once, not after their interval.
+            self._armed.clear()
+            self._to_unlock.clear()
+            wakes = [wake for waiting in self._waiters.values() for wake in waiting.values()]
+        for wake in wakes:
+            wake()
 
     def _wake(self, ids: set[int]) -> None:
         with self._mutex:
@@ -315,16 +333,18 @@ class FinishedListener:
                     backoff = 0.5
         finally:
             listening.clear()
-            with self._mutex:
-                self._armed.clear()
-                self._to_unlock.clear()
+            self._forget_locks()
             if engine is not self.engine:
                 engine.dispose()
 
     def _listen(self, engine: Engine, stop: threading.Event, listening: threading.Event) -> None:
         raw = engine.raw_connection()
+        driver: Any = raw.driver_connection
+        # Detached from the pool at once: the LISTEN connection is held as long
+        # as anyone waits, and must not keep a slot of the application's pool.
+        # It was opened as the pool opens any (URL, connect_args, events).
+        raw.detach()
         try:
-            driver: Any = raw.driver_connection
             driver.autocommit = True
             driver.execute(f"LISTEN {self.engine.dialect.identifier_preparer.quote(self.channel)}")
             listening.set()
@@ -334,10 +354,15 @@ class FinishedListener:
                     self._wake(_ids(notification.payload))
         finally:
             listening.clear()
-            with self._mutex:
-                self._armed.clear()  # the locks go with the connection
+            self._forget_locks()  # the locks go with the connection
+            raw.close()  # detached: closed, not returned to the pool
+
+    def _forget_locks(self) -> None:
+        """Forget the ids armed on this thread's connection, unless a newer listener thread owns them now."""
+        with self._mutex:
+            if self._thread is threading.current_thread():
+                self._armed.clear()
                 self._to_unlock.clear()
-            raw.invalidate()  # never hand a LISTENing connection back to the pool
 
     def _update_locks(self, driver: Any) -> None:
         """Lock the ids newly waited for and wake their waiters; unlock those nobody waits for any more."""

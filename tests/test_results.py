@@ -135,7 +135,13 @@ def test_an_unknown_task_raises_lookup_error(queue: tq.TaskQueue) -> None:
 
 @pytest.mark.parametrize(
     ("arguments", "named"),
-    [({"task_id": 0}, "task_id"), ({"timeout": -1}, "timeout"), ({"poll_interval": 0}, "poll_interval")],
+    [
+        ({"task_id": 0}, "task_id"),
+        ({"timeout": -1}, "timeout"),
+        ({"poll_interval": 0}, "poll_interval"),
+        ({"poll_interval": float("inf")}, "poll_interval"),
+        ({"poll_interval": 1e12}, "poll_interval"),
+    ],
 )
 def test_bad_arguments_are_refused(queue: tq.TaskQueue, arguments: dict[str, Any], named: str) -> None:
     call = {"task_id": 1, "timeout": 1.0, **arguments}
@@ -159,6 +165,39 @@ def test_a_waiter_wakes_when_another_connection_completes_the_task(
     assert [task.id for task in claimed] == task_ids
     assert queue.complete_many(claimed, ["a", "b", "c"]) == set(task_ids)
     assert [waiter.result() for waiter in waiters] == ["a", "b", "c"]
+
+
+@pytest.mark.requires("notify")
+def test_a_wait_takes_no_connection_of_the_applications_pool_for_long(
+    queue: tq.TaskQueue, engine: sa.Engine
+) -> None:
+    """The listener's LISTEN connection leaves the pool as soon as it is opened (PostgreSQL)."""
+    small = sa.create_engine(engine.url, pool_size=1, max_overflow=0, pool_timeout=5)
+    waiting = tq.TaskQueue(small, clock=queue.clock)
+    try:
+        task_id = enqueue_one(queue, engine, "record", {"key": 1})
+        waiter = Waiter(lambda: waiting.result(task_id, timeout=NEVER, poll_interval=poll_interval(waiting)))
+        parked(waiting)
+        assert small.pool.checkedout() == 0  # type: ignore[attr-defined]
+        with small.connect() as conn:  # the pool's one connection is the application's
+            assert conn.execute(sa.select(1)).scalar_one() == 1
+        assert queue.complete(claim_one(queue), "done")
+        assert waiter.result() == "done"
+    finally:
+        waiting.close()
+        small.dispose()
+
+
+def test_closing_the_queue_sends_parked_waiters_back_to_polling(
+    queue: tq.TaskQueue, engine: sa.Engine
+) -> None:
+    """After close, nothing announces a finish: a waiter parked on a notification must not sleep on."""
+    task_id = enqueue_one(queue, engine, "record", {"key": 1})
+    waiter = Waiter(lambda: queue.result(task_id, timeout=NEVER, poll_interval=poll_interval(queue)))
+    parked(queue)
+    queue.close()
+    assert queue.complete(claim_one(queue), "done")
+    assert waiter.result() == "done", "it polled again, its poll interval of an hour cut short"
 
 
 @pytest.mark.requires("notify")
