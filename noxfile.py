@@ -105,7 +105,7 @@ for _backend in BACKENDS:
 @nox.session
 def lint(session: nox.Session) -> None:
     """ruff on everything, mypy --strict on the package."""
-    session.install("-e", ".[lint,async,flask,fastapi]")
+    session.install("-e", ".[lint,async,flask,fastapi,postgresql]")
     session.run(
         "ruff", "check", "sa_taskqueue", "tests", "alembic", "examples", "benchmarks", "conftest.py",
         "noxfile.py",
