@@ -52,6 +52,7 @@ from sa_taskqueue.strategies.advisory import AdvisoryLocks, AdvisoryLockStrategy
 from sa_taskqueue.strategies.base import ClaimStrategy
 from sa_taskqueue.strategies.conditional import ConditionalUpdateStrategy
 from sa_taskqueue.strategies.skip_locked import SkipLockedStrategy
+from sa_taskqueue.transactional import out_of_autocommit
 from sa_taskqueue.types import utcnow
 
 if TYPE_CHECKING:
@@ -161,8 +162,10 @@ def _skip_locked(queue: TaskQueue, strategy: ClaimStrategy) -> Finding:
     backend = backend_for(engine.dialect)
     control = control_table_of(queue.table)
     with translate_database_errors(engine, queue.table), _probe_row(engine, control) as probe:
-        holder = engine.connect()
-        reader = engine.connect()
+        # Row locks last as long as a transaction: not in AUTOCOMMIT, where
+        # the holder's lock would end with its statement.
+        holder = out_of_autocommit(engine.connect())
+        reader = out_of_autocommit(engine.connect())
         clean = False
         try:
             holder.begin()

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection
+from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import Session
 
 from sa_taskqueue.backends import backend_for
@@ -109,6 +110,33 @@ def without_session(signature: inspect.Signature) -> inspect.Signature:
     return signature.replace(parameters=list(signature.parameters.values())[1:])
 
 
+def out_of_autocommit(conn: Connection) -> Connection:
+    """``conn``, out of AUTOCOMMIT if its engine is in it, so that ``begin`` begins a transaction.
+
+    An engine made with ``isolation_level="AUTOCOMMIT"`` sends no BEGIN, and
+    each write would commit on its own (MySQL and MariaDB even accept the
+    session's SAVEPOINT then): the task's writes could never roll back with
+    its completion.  The level applies to this checkout only.
+    """
+    if in_autocommit(conn):
+        conn.execution_options(isolation_level=_transaction_level(conn.dialect))
+    return conn
+
+
+def in_autocommit(conn: Connection) -> bool:
+    """Whether ``conn`` is in AUTOCOMMIT, set on it or its engine (`get_isolation_level` does not say)."""
+    if conn.get_execution_options().get("isolation_level") == "AUTOCOMMIT":
+        return True
+    detect = getattr(conn.dialect, "detect_autocommit_setting", None)
+    return bool(detect(conn.connection.dbapi_connection)) if detect is not None else False
+
+
+def _transaction_level(dialect: Dialect) -> str:
+    """The isolation level the database gives a new connection, or READ COMMITTED if that is AUTOCOMMIT."""
+    level = dialect.default_isolation_level
+    return level if level and level != "AUTOCOMMIT" else "READ COMMITTED"
+
+
 class SyncRun:
     """One run of a plain ``def`` transactional task: its connection, transaction and session.
 
@@ -123,7 +151,7 @@ class SyncRun:
         self.conn: Connection | None = None
 
     def call(self, **params: Any) -> Any:
-        conn = self.conn = self.queue.engine.connect()
+        conn = self.conn = out_of_autocommit(self.queue.engine.connect())
         try:
             conn.begin()
             write_begin = backend_for(conn.dialect).write_begin
@@ -177,6 +205,7 @@ class AsyncRun:
         engine = AsyncEngine._retrieve_proxy_for_target(self.queue.engine)
         conn = self.conn = await engine.connect()
         try:
+            await conn.run_sync(out_of_autocommit)
             await conn.begin()
             write_begin = backend_for(conn.dialect).write_begin
             if write_begin is not None:

@@ -560,10 +560,13 @@ class Worker:
         try:
             committed = settle(outcome.result, may_commit)
         except Exception as error:  # noqa: BLE001 - recorded as the task's failure, its writes rolled back
+            slot.completing = False  # still RUNNING and this worker's, until the fail path writes
             return Outcome(error=error)
         finally:
-            slot.completing = False
             self._wake.set()
+        # ``completing`` stays set until the slot is freed: the row has left
+        # RUNNING, and a lease renewal in between must not take that for a
+        # lease taken over.
         try:
             self.queue.let_go(task)
         except Exception:

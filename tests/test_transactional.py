@@ -20,6 +20,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 import sa_taskqueue as tq
+from tests.app import queue_bind
 from tests.backends import Backend
 from tests.helpers import MovableClock, wait_until
 from tests.txn_app import effects, make_txn_queue, reset
@@ -91,6 +92,36 @@ def test_a_task_that_raises_leaves_no_writes_and_is_retried_then_failed(
     assert failed.attempts == 2
     assert "task 7 failed after writing" in failed.last_error
     assert effects(txn_engine) == {}, "every failed attempt's writes were rolled back"
+
+
+def test_an_engine_in_autocommit_still_rolls_back_a_failed_task(
+    txn_engine: sa.Engine, strategy_name: str
+) -> None:
+    # Such an engine sends no BEGIN, and MySQL and MariaDB accept a SAVEPOINT
+    # outside a transaction: the task's connection must leave AUTOCOMMIT.
+    bind = queue_bind(txn_engine)
+    if isinstance(bind, sa.Engine):
+        autocommit: Any = sa.create_engine(bind.url, isolation_level="AUTOCOMMIT")
+    else:
+        from sqlalchemy.ext.asyncio import create_async_engine
+
+        autocommit = create_async_engine(bind.url, isolation_level="AUTOCOMMIT")
+    queue = make_txn_queue(txn_engine, strategy_name, LEASE, bind=autocommit)
+    try:
+        task_id = enqueue(queue, txn_engine, key=9, fail=True)
+        wait_until(
+            lambda: run_burst(queue) and row(txn_engine, task_id).status == tq.TaskStatus.FAILED,
+            30,
+            "the task to use its two attempts",
+        )
+        assert effects(txn_engine) == {}, "every failed attempt's writes were rolled back"
+        ok_id = enqueue(queue, txn_engine, key=10)
+        run_burst(queue)
+        assert row(txn_engine, ok_id).status == tq.TaskStatus.COMPLETED
+        assert effects(txn_engine) == {10: 1}
+    finally:
+        queue.close()
+        autocommit.sync_engine.dispose() if not isinstance(autocommit, sa.Engine) else autocommit.dispose()
 
 
 def test_a_task_over_its_timeout_never_commits(txn_engine: sa.Engine, txn_queue: tq.TaskQueue) -> None:
