@@ -145,8 +145,8 @@ def _psycopg_connection(conn: Connection) -> Any:
     return driver if isinstance(driver, psycopg.Connection | psycopg.AsyncConnection) else None
 
 
-def _copy(driver: Any, sql: str, types: list[int], rows: Iterable[tuple[Any, ...]]) -> None:
-    """Binary ``COPY ... FROM STDIN`` of ``rows`` (of these type oids) on the driver's connection."""
+def _copy(conn: Connection, driver: Any, sql: str, types: list[int], rows: Iterable[tuple[Any, ...]]) -> None:
+    """Binary ``COPY ... FROM STDIN`` of ``rows`` (of these type oids) on ``conn``'s driver connection."""
     import psycopg
 
     try:
@@ -161,8 +161,12 @@ def _copy(driver: Any, sql: str, types: list[int], rows: Iterable[tuple[Any, ...
                 copy.write_row(row)
     except psycopg.Error as error:
         # As SQLAlchemy wraps a driver's error (an IntegrityError stays one),
-        # so callers catch the same exceptions whichever path the rows took.
-        raise DBAPIError.instance(sql, None, error, psycopg.Error) from error
+        # so callers catch the same exceptions whichever path the rows took;
+        # and as it does, a lost connection is invalidated and said to be.
+        lost = conn.dialect.is_disconnect(error, conn.connection.dbapi_connection, None)  # type: ignore[arg-type]
+        if lost:
+            conn.invalidate(error)
+        raise DBAPIError.instance(sql, None, error, psycopg.Error, connection_invalidated=lost) from error
 
 
 async def _copy_async(driver: Any, sql: str, types: list[int], rows: Iterable[tuple[Any, ...]]) -> None:
@@ -234,6 +238,7 @@ def _insert_copied(
     _, values = _columns(table, names, rows, dialect, json_text=False)
     listed = ", ".join(quote.format_column(table.c[name]) for name in copied)
     _copy(
+        conn,
         driver,
         f"COPY {target} ({listed}) FROM STDIN (FORMAT BINARY)",
         types,
