@@ -63,6 +63,12 @@ class QueueClient:
         if not self.queue.complete(self.held.pop(task_id)):
             raise RuntimeError(f"lost task {task_id}")
 
+    def complete_many(self, task_ids: list[int]) -> None:
+        claimed = [self.held.pop(task_id) for task_id in task_ids]
+        written = self.queue.complete_many(claimed)
+        if len(written) != len(claimed):
+            raise RuntimeError(f"completed {len(written)} of {len(claimed)} claimed tasks")
+
     def close(self) -> None:
         self.queue.close()
         self.engine.dispose()

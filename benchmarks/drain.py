@@ -12,7 +12,7 @@ import sqlalchemy as sa
 
 from benchmarks.backends import fresh_table
 from benchmarks.clients import make_client
-from benchmarks.raw_batch import RAW_BATCH, make_batch_client
+from benchmarks.raw_batch import BATCHED, make_batch_client
 
 
 def seed(url: str, count: int, **overrides: Any) -> None:
@@ -40,8 +40,11 @@ def seed(url: str, count: int, **overrides: Any) -> None:
 
 
 def _drain_worker(implementation: str, url: str, batch: int, ready: Any, go: Any, results: Any) -> None:
-    batched = implementation == RAW_BATCH
-    client = make_batch_client(url, batch) if batched else make_client(implementation, url, batch)
+    batched = implementation in BATCHED
+    if batched:
+        client: Any = make_batch_client(implementation, url, batch)
+    else:
+        client = make_client(implementation, url, batch)
     ready.release()
     go.wait()
     done: list[int] = []

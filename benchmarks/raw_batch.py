@@ -19,6 +19,10 @@ from benchmarks.clients import TABLE, Client, MariaDBClient, PostgresClient, SQL
 
 #: The drain's name for this loop (beside "sa_taskqueue" and "raw").
 RAW_BATCH = "raw_batch"
+#: sa_taskqueue's loop completing each claimed batch with one `TaskQueue.complete_many` call.
+QUEUE_BATCH = "sa_taskqueue_batch"
+#: The loops whose clients complete a claimed batch in one call.
+BATCHED = (RAW_BATCH, QUEUE_BATCH)
 
 
 class BatchClient(Client, Protocol):
@@ -72,5 +76,9 @@ BATCH_CLIENTS: dict[str, Callable[[str, int], BatchClient]] = {
 }
 
 
-def make_batch_client(url: str, batch: int) -> BatchClient:
+def make_batch_client(implementation: str, url: str, batch: int) -> BatchClient:
+    if implementation == QUEUE_BATCH:
+        from benchmarks.clients import QueueClient
+
+        return QueueClient(url, batch)
     return BATCH_CLIENTS[sa.make_url(url).get_backend_name()](url, batch)

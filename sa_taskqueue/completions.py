@@ -1,20 +1,23 @@
 """`Completions`: successes that finish together are written in one statement.
 
 A worker's slots finish tasks independently.  Writing each success on its own
-costs a statement per task; writing them together costs one per batch.  No
-slot waits on a timer for company: whichever slot finds no write under way
-writes every success waiting, again and again until none is left, so while
-one statement is on its way the slots finishing behind it gather into the
-next.  A slot is freed only once its own outcome is written, so a freed slot
-always means a recorded outcome.
+costs a statement per task; writing them together costs one per batch.  A
+success waits, at most ``delay`` seconds, for the tasks still running in the
+worker's other slots, so that a claimed batch of quick tasks is written in
+one statement rather than in as many as their ends happen to straddle; it
+never waits once no other slot is running, so a lone slot writes at once.
+While one statement is on its way, the successes finishing behind it gather
+into the next.  A slot is freed only once its own outcome is written, so a
+freed slot always means a recorded outcome.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from sa_taskqueue.claimed import ClaimedTask
@@ -34,18 +37,38 @@ class _Waiting:
     task: ClaimedTask
     result: Any
     recorded: bool | None = None
-    written: threading.Event = field(default_factory=threading.Event)
+    written: bool = False
 
 
 class Completions:
-    """Gathers the successes of a worker's slots into shared statements."""
+    """Gathers the successes of a worker's slots into shared statements.
 
-    def __init__(self, write_many: WriteMany, write_one: WriteOne) -> None:
+    ``still_running`` counts the slots whose task has not finished yet: the
+    outcomes that may still join a batch.  ``delay`` bounds how long a
+    success waits for them; 0 writes each batch as soon as no write is
+    under way.
+    """
+
+    def __init__(
+        self,
+        write_many: WriteMany,
+        write_one: WriteOne,
+        *,
+        delay: float = 0.0,
+        still_running: Callable[[], int] = lambda: 0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not delay >= 0:
+            raise ValueError(f"the completion delay must not be negative, got {delay!r}")
         self._write_many = write_many
         self._write_one = write_one
+        self._delay = delay
+        self._still_running = still_running
+        self._clock = clock
         self._waiting: list[_Waiting] = []
-        self._lock = threading.Lock()
-        self._writing = threading.Lock()  # held by the slot writing the successes waiting
+        self._since: float | None = None  # when the oldest success waiting arrived
+        self._writing = False
+        self._changed = threading.Condition()
 
     def record(self, task: ClaimedTask, result: Any) -> bool | None:
         """Write ``task``'s success, with whatever else is waiting; return once it is written.
@@ -56,28 +79,46 @@ class Completions:
         per task (which reports for itself).
         """
         waiting = _Waiting(task, result)
-        with self._lock:
+        with self._changed:
             self._waiting.append(waiting)
-        self._write_all()
-        waiting.written.wait()
+            if self._since is None:
+                self._since = self._clock()
+            self._changed.notify_all()
+            while not waiting.written:
+                wait_for = None if self._writing else self._time_left()
+                if wait_for == 0:
+                    self._write_waiting()
+                    continue
+                self._changed.wait(wait_for)
         return waiting.recorded
 
-    def _write_all(self) -> None:
-        while self._writing.acquire(blocking=False):
-            try:
-                while True:
-                    with self._lock:
-                        batch, self._waiting = self._waiting, []
-                    if not batch:
-                        break
-                    self._write_batch(batch)
-            finally:
-                self._writing.release()
-            # A slot may have added its success after the last look and before
-            # the release, finding the write still under way.
-            with self._lock:
-                if not self._waiting:
-                    return
+    def slot_finished(self) -> None:
+        """A slot's task has finished (whatever its outcome): the successes waiting for it may go now."""
+        if self._delay > 0:
+            with self._changed:
+                self._changed.notify_all()
+
+    def _time_left(self) -> float | None:
+        """How long the successes waiting may wait still (0: write now; None: nothing waits)."""
+        if self._since is None:
+            return None
+        if self._still_running() == 0:
+            return 0.0
+        return max(self._since + self._delay - self._clock(), 0.0)
+
+    def _write_waiting(self) -> None:
+        """Write every success waiting, outside the lock (called under it; returns under it)."""
+        batch, self._waiting, self._since = self._waiting, [], None
+        self._writing = True
+        self._changed.release()
+        try:
+            self._write_batch(batch)
+        finally:
+            self._changed.acquire()
+            self._writing = False
+            for item in batch:
+                item.written = True
+            self._changed.notify_all()
 
     def _write_batch(self, batch: list[_Waiting]) -> None:
         tasks = [item.task for item in batch]
@@ -94,9 +135,6 @@ class Completions:
                     self._write_one(item.task, item.result)
                 except Exception:
                     logger.exception("task %d %s: could not record its outcome", item.task.id, item.task.name)
-        finally:
-            for item in batch:
-                item.written.set()
 
 
 __all__ = ["Completions"]

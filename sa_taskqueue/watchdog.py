@@ -93,11 +93,24 @@ class Watchdog:
         """The pipe's writing end: a forked task process registers itself through it."""
         return self._write_end
 
-    def arm(self, deadline: float | None) -> None:
-        """Kill the worker at monotonic ``deadline`` unless armed again first; None disarms."""
+    def arm(self, deadline: float | None, *, unless_sooner_than: float | None = None) -> None:
+        """Kill the worker at monotonic ``deadline`` unless armed again first; None disarms.
+
+        Each change wakes the watchdog process, which a busy worker would do
+        twice per claimed batch.  With ``unless_sooner_than`` (seconds), a
+        change that only moves the kill later (or disarms) is held back while
+        the deadline armed is further away than that: the caller promises to
+        arm again, exactly, before then.  A deadline moving sooner is always
+        sent at once.
+        """
         with self._lock:
             if deadline == self._deadline:
                 return
+            later = self._deadline is not None and (deadline is None or deadline > self._deadline)
+            if later and unless_sooner_than is not None:
+                assert self._deadline is not None
+                if self._deadline - time.monotonic() > unless_sooner_than:
+                    return
             self._deadline = deadline
             self._send("disarm" if deadline is None else f"deadline {deadline!r}")
 

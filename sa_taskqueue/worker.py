@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import random
 import signal
@@ -31,6 +32,7 @@ from functools import partial
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
+from sa_taskqueue.backends import backend_for
 from sa_taskqueue.claimed import ClaimedTask
 from sa_taskqueue.completions import Completions
 from sa_taskqueue.concurrency import LIMITED_RECHECK_SECONDS
@@ -62,6 +64,9 @@ logger = logging.getLogger("sa_taskqueue")
 MAX_ERROR_BACKOFF = 30.0
 #: The first poll after a claim came back short; doubled up to ``poll_interval``.
 MIN_POLL_INTERVAL = 0.05
+#: How long a success waits, at most, for the worker's other running slots
+#: so that their successes are written in the same statement (seconds).
+DEFAULT_COMPLETION_DELAY = 0.005
 
 T = TypeVar("T")
 Isolation = Literal["thread", "process"]
@@ -78,6 +83,7 @@ class _Running:
     child: ChildProcess | None = None
     coroutine: Future[Outcome] | None = None  # an async def task's run on its loop
     given_back: bool = False
+    began: bool = False  # a thread has taken it up (a task claimed ahead waits for one)
     finished: bool = False  # the run is over; only its outcome is being written
     completing: bool = False  # its success waits in, or is in, a batch being written
     started: float = field(default_factory=time.monotonic)
@@ -141,6 +147,7 @@ class Worker:
         watchdog: bool = True,
         event_loop: asyncio.AbstractEventLoop | None = None,
         self_test: bool = True,
+        completion_delay: float = DEFAULT_COMPLETION_DELAY,
     ) -> None:
         if not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 1:
             raise ValueError(f"concurrency must be a positive integer, got {concurrency!r}")
@@ -148,6 +155,8 @@ class Worker:
             raise ValueError(f"poll_interval must be positive, got {poll_interval!r}")
         if isolation not in ("thread", "process"):
             raise ValueError(f"isolation must be 'thread' or 'process', got {isolation!r}")
+        if not (isinstance(completion_delay, int | float) and 0 <= completion_delay < math.inf):
+            raise ValueError(f"completion_delay must be a number of seconds >= 0, got {completion_delay!r}")
         if shutdown_timeout < 0:
             raise ValueError(f"shutdown_timeout must not be negative, got {shutdown_timeout!r}")
         if isinstance(queues, str):
@@ -177,7 +186,13 @@ class Worker:
         self._wake = threading.Event()
         self._running: dict[Future[None], _Running] = {}
         self._lock = threading.Lock()
-        self._completions = Completions(self._write_successes, self._record_success)
+        self.completion_delay = completion_delay
+        self._completions = Completions(
+            self._write_successes,
+            self._record_success,
+            delay=completion_delay,
+            still_running=self._still_running,
+        )
         self._database_down = False
         self._event_loop = event_loop
         self._own_loop: LoopThread | None = None
@@ -301,20 +316,28 @@ class Worker:
     # The claim loop ----------------------------------------------------------
 
     def _loop(self, pool: ThreadPoolExecutor) -> None:
+        claim_ahead = backend_for(self.queue.engine.dialect).claims_ahead
         idle_delay = MIN_POLL_INTERVAL
         error_backoff = 0.0
         while not self._stopping.is_set():
             with self._lock:
+                # Slots whose success waits to be written, or is being
+                # written, free up within a write from now.  (Not slots in
+                # hooks or recording a failure: those may take long.)
+                completing = sum(1 for slot in self._running.values() if slot.completing)
                 free = self.concurrency - len(self._running)
-                # Slots whose success is being written free up a round trip
-                # from now: claim for them too, in one claim, rather than in
-                # a claim per slot.  (Not slots in hooks or recording a
-                # failure: those may take long.)
-                recording = any(slot.completing for slot in self._running.values())
-            if free == 0:
+                if claim_ahead:
+                    # Claim for them already, so that their next tasks are
+                    # here when they free, the claim's round trip spent
+                    # during the write's.  Those tasks wait in the pool for
+                    # the slots, their leases running from the claim and
+                    # renewed like any other.
+                    free += completing
+            if free <= 0:
                 self._wait(None)
                 continue
-            if recording:
+            if completing and not claim_ahead:
+                # Claim for them once they free, in one claim with the rest.
                 self._wait(self.poll_interval)
                 continue
             self._wake.clear()
@@ -430,6 +453,7 @@ class Worker:
     # One task -----------------------------------------------------------------
 
     def _execute(self, slot: _Running) -> None:
+        slot.began = True
         try:
             self._run_task(slot)
         except Exception as error:
@@ -501,6 +525,7 @@ class Worker:
             )
             if not outcome.committed:  # (a transactional task's completion is written already)
                 slot.completing = True
+                self._wake.set()  # the loop may claim ahead for this slot
                 try:
                     self._complete(task, outcome)
                 finally:
@@ -604,9 +629,23 @@ class Worker:
         with self._lock:
             slot.finished = True
             self._arm_locked()
+        self._completions.slot_finished()
 
-    def _arm_locked(self, extra: _Running | None = None) -> None:
-        """Tell the watchdog when the first lease of a running task would end unrenewed (under ``_lock``)."""
+    def _still_running(self) -> int:
+        """How many slots run a task that has not finished: successes that may join the next batch.
+
+        Tasks claimed ahead, waiting for a slot, do not count: they start only once this batch is written.
+        """
+        with self._lock:
+            return sum(1 for slot in self._running.values() if slot.began and not slot.finished)
+
+    def _arm_locked(self, extra: _Running | None = None, *, exact: bool = False) -> None:
+        """Tell the watchdog when the first lease of a running task would end unrenewed (under ``_lock``).
+
+        Only the heartbeat arms ``exact``ly.  Elsewhere a kill moving later
+        may wait while the one armed is more than two heartbeats away, since
+        the heartbeat arms again within one.
+        """
         if self._watchdog is None:
             return
         guarded = [
@@ -615,7 +654,8 @@ class Worker:
             if not slot.finished and not slot.lease_lost
         ]
         lease = self.queue.lease.total_seconds()
-        self._watchdog.arm(kill_at(min(guarded), lease) if guarded else None)
+        slack = None if exact else 2 * heartbeat_interval(lease)
+        self._watchdog.arm(kill_at(min(guarded), lease) if guarded else None, unless_sooner_than=slack)
 
     def _after_fork(self) -> None:
         # The child inherited the pool's connections; it must not use them,
@@ -745,14 +785,16 @@ class Worker:
     def _heartbeat(self) -> None:
         """Renew the leases of running tasks three times before the watchdog would act."""
         lease = self.queue.lease.total_seconds()
-        interval = kill_at(0.0, lease) / 3
+        interval = heartbeat_interval(lease)
         while not self._stopped.wait(interval):
+            with self._lock:
+                self._arm_locked(exact=True)  # before a renewal that may hang in an outage
             slots = [slot for slot in self._running_slots() if not slot.lease_lost]
             if slots:
                 self._renew(slots, interval)
                 self._stop_unrenewed(lease, interval)
             with self._lock:
-                self._arm_locked()
+                self._arm_locked(exact=True)
 
     def _renew(self, slots: list[_Running], interval: float) -> None:
         sent_at = time.monotonic()
@@ -854,6 +896,11 @@ class Worker:
                 signal.signal(sig, handler)
 
         return restore
+
+
+def heartbeat_interval(lease_seconds: float) -> float:
+    """How often running tasks' leases are renewed: three times before the watchdog would act."""
+    return kill_at(0.0, lease_seconds) / 3
 
 
 def _ids(task: ClaimedTask) -> tuple[int, str]:

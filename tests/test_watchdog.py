@@ -278,3 +278,29 @@ def test_a_worker_whose_watchdog_is_killed_stops(
             runner.join(60)
     assert not runner.is_alive(), "the worker stopped by itself"
     assert "the watchdog process is gone" in caplog.text
+
+
+@pytest.mark.backends("sqlite")  # about the worker's own process, not the database
+def test_a_worker_idle_after_its_tasks_outlives_their_leases(
+    backend: Backend,
+    engine: sa.Engine,
+    default_queue: tq.TaskQueue,
+    spans: Path,
+    deaths: Deaths,
+    processes: list[subprocess.Popen[str]],
+) -> None:
+    # A busy worker leaves the watchdog's deadline in place when its tasks
+    # finish, and its heartbeat clears it: were it left, the watchdog would
+    # kill the idle worker one lease after the last claim.
+    first_id = enqueue_one(default_queue, engine, "span", {"key": 1, "seconds": 0.01})
+    first, _ = worker(backend.url, spans)
+    processes.append(first)
+    deaths.watch(first.pid)
+    wait_until(lambda: completed(engine, first_id), 60, "the worker to complete the first task")
+    # The watchdog's clock is the real one, in a process of its own: two
+    # leases of real time go by before the next task.
+    time.sleep(2 * LEASE)
+    assert first.poll() is None, "the idle worker was left alive"
+    second_id = enqueue_one(default_queue, engine, "span", {"key": 2, "seconds": 0.01})
+    wait_until(lambda: completed(engine, second_id), 60, "the same worker to complete the next task")
+    assert {run.pid for run in runs(spans)} == {first.pid}

@@ -74,6 +74,80 @@ def test_tasks_finishing_together_are_recorded_in_fewer_statements_each_before_i
         assert len(completions) < slots, completions
 
 
+def test_successes_of_slots_finishing_together_go_in_one_statement_while_none_is_left_running(
+    queue: tq.TaskQueue, engine: sa.Engine
+) -> None:
+    slots = 8
+    enqueue_tasks_finishing_together(queue, engine, slots)
+    completions: list[str] = []
+
+    def seen(_conn: object, _cursor: object, statement: str, *_rest: object) -> None:
+        # SQLAlchemy's events see the batched completion like any other statement.
+        if "finished_at" in statement and "UPDATE" in statement.upper():
+            completions.append(statement)
+
+    sa.event.listen(engine, "before_cursor_execute", seen)
+    try:
+        # A delay far longer than the test: the batch goes once no slot runs, not when it ends.
+        worker = queue.run_worker(concurrency=slots, burst=True, poll_interval=0.05, completion_delay=600)
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", seen)
+    assert worker.processed == slots
+    assert {(t.params["n"], t.status, t.result) for t in rows(engine)} == {
+        (n, tq.TaskStatus.COMPLETED, n) for n in range(slots)
+    }
+    if queue.strategy.name != "advisory_lock":  # each advisory task releases its own lock
+        assert len(completions) == 1, completions
+
+
+def test_a_success_waits_for_a_slot_still_running_no_longer_than_the_completion_delay(
+    queue: tq.TaskQueue, engine: sa.Engine
+) -> None:
+    long_may_end = threading.Event()
+
+    @queue.task(name="long")
+    def long_task() -> None:
+        long_may_end.wait(120)
+
+    @queue.task(name="quick")
+    def quick_task() -> str:
+        return "done"
+
+    with Session(engine) as session:
+        long = queue.enqueue(session, "long", {})
+        session.commit()
+        long_id = long.id
+    worker = tq.Worker(queue, concurrency=2, poll_interval=0.05, completion_delay=0.2)
+    runner = threading.Thread(target=worker.run)
+    runner.start()
+    try:
+        wait_until(lambda: task_row(engine, long_id).status == tq.TaskStatus.RUNNING, 30, "the long task")
+        with Session(engine) as session:
+            quick = queue.enqueue(session, "quick", {})
+            session.commit()
+            quick_id = quick.id
+        wait_until(
+            lambda: task_row(engine, quick_id).status == tq.TaskStatus.COMPLETED,
+            30,
+            "the quick task's success, written while the long task still runs",
+        )
+        assert task_row(engine, long_id).status == tq.TaskStatus.RUNNING
+    finally:
+        long_may_end.set()
+        worker.stop()
+        runner.join(timeout=30)
+    assert not runner.is_alive()
+    assert task_row(engine, long_id).status == tq.TaskStatus.COMPLETED
+
+
+@pytest.mark.parametrize("delay", [-0.001, float("nan"), float("inf"), "0.005", None])
+def test_a_completion_delay_that_is_not_a_number_of_seconds_is_refused(
+    queue: tq.TaskQueue, delay: object
+) -> None:
+    with pytest.raises(ValueError, match="completion_delay"):
+        tq.Worker(queue, completion_delay=delay)  # type: ignore[arg-type]
+
+
 def test_a_batch_write_that_fails_falls_back_to_one_write_per_task(
     queue: tq.TaskQueue, engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:

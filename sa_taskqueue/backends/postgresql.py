@@ -39,6 +39,11 @@ class PostgreSQLBackend(Backend):
     # psycopg splits a multi-row INSERT's thousands of placeholders out with a
     # regular expression on every run; nine arrays cost it nothing.
     insert_from_arrays = True
+    # The same for completing a batch: one short statement, planned once.
+    completes_from_arrays = True
+    # A claim and a completion on two connections run side by side: a worker
+    # claiming ahead drained no-op tasks about 30% faster at 1 and 10 slots.
+    claims_ahead = True
     # COPY FROM STDIN: no statement to parse, rows streamed in one round trip.
     insert_by_copy = True
     # INSERT ... ON CONFLICT DO NOTHING (9.5+) waits for a clashing insert

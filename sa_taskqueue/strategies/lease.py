@@ -156,6 +156,8 @@ class LeaseWrites:
         count = len(tasks)
         with_results = any(result is not None for result in results)
         backend = backend_for(engine.dialect)
+        if backend.completes_from_arrays:
+            return self._complete_from_arrays(engine, table, tasks, results, now)
         returning = backend.update_returning
         # Where completions are announced (PostgreSQL), the UPDATE goes in a
         # statement that also sends the ids written: one round trip still.
@@ -192,6 +194,35 @@ class LeaseWrites:
                 or_(*(claim_identity(table, f"_{index}") for index in range(count))),
             )
             return set(conn.execute(written_ids, params).scalars())
+
+    def _complete_from_arrays(
+        self,
+        engine: Engine,
+        table: Table,
+        tasks: Sequence[ClaimedTask],
+        results: Sequence[Any],
+        now: datetime,
+    ) -> set[int]:
+        """`complete_many` as one statement for any batch size (`held_arrays`), announcing where it can."""
+        from sa_taskqueue.strategies.held_arrays import complete_from_arrays_statement, held_arrays
+
+        announce = backend_for(engine.dialect).notify
+
+        def build() -> Any:
+            statement = complete_from_arrays_statement(table)
+            return announcing(statement, table) if announce else statement.returning(table.c.id)
+
+        statement = self.executor.prepared(("complete_arrays", announce), engine.dialect, table, build)
+        params: dict[str, Any] = {
+            HELD_NOW: now,
+            "finished_now": now,
+            **held_arrays([task.claim_key for task in tasks], list(results)),
+        }
+        with self.executor.single_statement(engine) as conn:
+            written = statement.execute(conn, params)
+            if announce:
+                return announced_ids(written.scalar())
+            return {row[0] for row in written}
 
     def extend(
         self, engine: Engine, table: Table, tasks: Sequence[ClaimedTask], until: datetime, now: datetime
