@@ -33,7 +33,7 @@ from benchmarks.drain import DrainResult, drain
 from benchmarks.enqueue import RAW_PATHS, enqueue_rate
 from benchmarks.latency import percentiles, pickup_latency
 from benchmarks.peers import IMPLEMENTATIONS, PEERS, missing_peers, worker_drain
-from benchmarks.raw_batch import RAW_BATCH
+from benchmarks.raw_batch import QUEUE_BATCH, RAW_BATCH
 
 RESULTS = Path("benchmarks/results")
 SECTIONS = ("drain", "enqueue", "latency", "peers", "depth", "controls")
@@ -71,9 +71,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line, kept apart so each section reads plain values rather than argparse calls."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     parser.add_argument("--backends", default="postgres,mariadb,sqlite")
-    parser.add_argument(
-        "--tasks", type=int, default=3000, help="tasks per drain run (the issue's full run: 20000)"
-    )
+    parser.add_argument("--tasks", type=int, default=3000, help="tasks per drain run (the full grid: 20000)")
     parser.add_argument("--workers", default="1,4", help="worker processes (full: 1,2,4,8)")
     parser.add_argument("--batches", default="1,10")
     parser.add_argument("--repeats", type=int, default=3)
@@ -136,27 +134,45 @@ def repeated_drains(
     return rates, once
 
 
-def drain_row(run: Run, target: BenchBackend, w: int, b: int) -> dict[str, Any]:
-    """One backend/W/B cell of the drain table: sa_taskqueue against the raw driver's two claim loops.
+#: The drain's implementations: the library's claim loop completing each task
+#: (``sa_taskqueue``) or each claimed batch in one call (``sa_taskqueue_batch``),
+#: its worker (``worker``: ``run_worker(concurrency=B, burst=True)``), and the
+#: raw driver's two loops.  At B = 1 a batch is one task: the batch loops are
+#: the per-task ones, and are not run twice.
+PER_TASK = ("sa_taskqueue", "raw")
+BATCH_ONLY = (QUEUE_BATCH, RAW_BATCH)
+WORKER = "worker"
 
-    ``raw`` completes each task with its own statement, as sa_taskqueue
-    reports each outcome; ``raw_batch`` completes a claimed batch in one.
+
+def _drain_one(implementation: str, url: str, tasks: int, workers: int, batch: int) -> DrainResult:
+    if implementation == WORKER:
+        return worker_drain("sa_taskqueue", url, tasks, workers, batch)
+    return drain(implementation, url, tasks, workers, batch)
+
+
+def drain_row(run: Run, target: BenchBackend, w: int, b: int) -> dict[str, Any]:
+    """One backend/W/B cell of the drain table: sa_taskqueue's loops and worker against the raw loops.
+
+    ``raw`` completes each task with its own statement, ``raw_batch`` a
+    claimed batch in one: the limit of the pattern at B > 1.
     """
+    names = (*PER_TASK, WORKER, *(BATCH_ONLY if b > 1 else ()))
     rates, once = repeated_drains(
-        lambda implementation: drain(implementation, target.url, run.args.tasks, w, b),
-        ("sa_taskqueue", "raw", RAW_BATCH),
+        lambda implementation: _drain_one(implementation, target.url, run.args.tasks, w, b),
+        names,
         run.args.repeats,
     )
-    ours, raw, raw_batch = rates["sa_taskqueue"], rates["raw"], rates[RAW_BATCH]
+    if b == 1:
+        rates[QUEUE_BATCH], rates[RAW_BATCH] = rates["sa_taskqueue"], rates["raw"]
+    median = {name: statistics.median(values) for name, values in rates.items()}
     return {
         "backend": target.name,
         "workers": w,
         "batch": b,
-        "sa_taskqueue": spread(ours),
-        "raw": spread(raw),
-        "raw_batch": spread(raw_batch),
-        "ratio": statistics.median(ours) / statistics.median(raw),
-        "ratio_batch": statistics.median(ours) / statistics.median(raw_batch),
+        **{name: spread(values) for name, values in rates.items()},
+        "ratio": median["sa_taskqueue"] / median["raw"],
+        "ratio_batch": median[QUEUE_BATCH] / median[RAW_BATCH],
+        "ratio_worker": median[WORKER] / median[RAW_BATCH],
         "exactly_once": once,
     }
 
@@ -170,11 +186,14 @@ def drain_section(run: Run) -> dict[str, Any]:
             "backend",
             "W",
             "B",
-            "sa_taskqueue",
-            "raw driver",
+            "sa_taskqueue, complete()",
+            "raw, per task",
             "ratio",
-            "raw, batch completed at once",
+            "sa_taskqueue, complete_many()",
+            "raw, per batch",
             "ratio",
+            "worker",
+            "worker / raw per batch",
             "exactly once",
         ),
     )
@@ -191,8 +210,11 @@ def drain_section(run: Run) -> dict[str, Any]:
                     fmt(row["sa_taskqueue"]),
                     fmt(row["raw"]),
                     f"{row['ratio']:.0%}",
-                    fmt(row["raw_batch"]),
+                    fmt(row[QUEUE_BATCH]),
+                    fmt(row[RAW_BATCH]),
                     f"{row['ratio_batch']:.0%}",
+                    fmt(row[WORKER]),
+                    f"{row['ratio_worker']:.0%}",
                     yes_no(row["exactly_once"]),
                 )
     run.console.print(table)

@@ -47,6 +47,7 @@ from sa_taskqueue.pausing import read_paused, set_paused
 from sa_taskqueue.queue import TaskQueue
 from sa_taskqueue.redaction import Redactor, has_unescaped_at
 from sa_taskqueue.types import utcnow
+from sa_taskqueue.worker import DEFAULT_COMPLETION_DELAY
 
 URL_ENV = "SA_TASKQUEUE_DATABASE_URL"
 
@@ -284,6 +285,13 @@ WORKER_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
         help="Seconds running tasks get to finish after SIGTERM before they are given back.",
     ),
     click.option(
+        "--completion-delay",
+        default=DEFAULT_COMPLETION_DELAY,
+        show_default=True,
+        type=cli_params.COMPLETION_DELAY,
+        help="Seconds a success may wait for the slots still running, to share their statement (0: none).",
+    ),
+    click.option(
         "--no-listen",
         is_flag=True,
         help="Poll for work instead of waiting on LISTEN (PostgreSQL): for a pooler in transaction mode.",
@@ -338,6 +346,7 @@ def worker(
     burst: bool,
     poll_interval: float,
     shutdown_timeout: float,
+    completion_delay: float,
     no_listen: bool,
     no_self_test: bool,
     log_format: str,
@@ -365,6 +374,7 @@ def worker(
                 shutdown_timeout=shutdown_timeout,
                 listen=not no_listen,
                 self_test=not no_self_test,
+                completion_delay=completion_delay,
             )
     logging.shutdown()
     if worker_.abandoned:

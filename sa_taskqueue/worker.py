@@ -114,6 +114,11 @@ class Worker:
     The worker claims only tasks whose names it has registered: a task of a
     newer release stays queued for the workers that know it.
 
+    ``completion_delay`` (seconds) is how long a success may wait for the
+    tasks still running in other slots, so that they are completed in one
+    statement (`sa_taskqueue.completions`); it never waits once no other slot
+    runs.  0 writes each batch as soon as no write is under way.
+
     With ``watchdog`` (the default) a process of its own (`sa_taskqueue.watchdog`)
     kills this process and its task processes if the leases of running tasks
     are about to end unrenewed: a task holding the GIL, a SIGSTOP, a network
