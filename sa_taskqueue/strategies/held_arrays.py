@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import BigInteger, Integer, String, Table, bindparam, func, update
+from sqlalchemy import BigInteger, Integer, String, Table, any_, bindparam, func, update
 from sqlalchemy.dialects.postgresql import ARRAY
 
 from sa_taskqueue.model import TaskStatus, has_status
@@ -35,9 +35,10 @@ def complete_from_arrays_statement(table: Table) -> Any:
     and `HELD_RESULTS` (lists of one length), ``held_now`` and
     ``finished_now``.
     """
+    ids = bindparam(HELD_IDS, type_=ARRAY(BigInteger()))
     held = (
         func.unnest(
-            bindparam(HELD_IDS, type_=ARRAY(BigInteger())),
+            ids,
             bindparam(HELD_BYS, type_=ARRAY(String())),
             bindparam(HELD_ATTEMPTS_LIST, type_=ARRAY(Integer())),
             bindparam(HELD_STARTS, type_=ARRAY(UTCDateTime())),
@@ -50,6 +51,9 @@ def complete_from_arrays_statement(table: Table) -> Any:
     return (
         update(table)
         .where(
+            # The ids alone first: without them, a plan that walks the lease
+            # index joins every running row of every worker to the arrays.
+            table.c.id == any_(ids),
             table.c.id == held.c.id,
             table.c.locked_by == held.c.locked_by,
             table.c.attempts == held.c.attempts,
