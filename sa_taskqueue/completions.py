@@ -5,7 +5,7 @@ costs a statement per task; writing them together costs one per batch.  A
 success waits, at most ``delay`` seconds, for the tasks still running in the
 worker's other slots, so that a claimed batch of quick tasks is written in
 one statement rather than in as many as their ends happen to straddle; it
-never waits once no other slot is running, so a lone slot writes at once.
+never waits once no other slot runs a task, so a lone slot writes at once.
 While one statement is on its way, the successes finishing behind it gather
 into the next.  A slot is freed only once its own outcome is written, so a
 freed slot always means a recorded outcome.
@@ -43,10 +43,11 @@ class _Waiting:
 class Completions:
     """Gathers the successes of a worker's slots into shared statements.
 
-    ``still_running`` counts the slots whose task has not finished yet: the
-    outcomes that may still join a batch.  ``delay`` bounds how long a
-    success waits for them; 0 writes each batch as soon as no write is
-    under way.
+    The worker says when a slot starts a task (`begin`) and when it ends
+    without a success to write (`end_without_success`); `record` ends it
+    with one.  The tasks begun and not ended are the successes that may
+    still join a batch.  ``delay`` bounds how long a success waits for them;
+    0 writes each batch as soon as no write is under way.
     """
 
     def __init__(
@@ -55,7 +56,6 @@ class Completions:
         write_one: WriteOne,
         *,
         delay: float = 0.0,
-        still_running: Callable[[], int] = lambda: 0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not delay >= 0:
@@ -63,15 +63,25 @@ class Completions:
         self._write_many = write_many
         self._write_one = write_one
         self._delay = delay
-        self._still_running = still_running
         self._clock = clock
         self._waiting: list[_Waiting] = []
         self._since: float | None = None  # when the oldest success waiting arrived
+        self._running = 0  # tasks begun whose outcome is not known yet
         self._writing = False
         self._changed = threading.Condition()
 
+    def begin(self) -> None:
+        """A slot has started a task: a success that may join the next batch."""
+        with self._changed:
+            self._running += 1
+
+    def end_without_success(self) -> None:
+        """A task begun has ended without a success to write (it failed, or was given back)."""
+        with self._changed:
+            self._end_locked()
+
     def record(self, task: ClaimedTask, result: Any) -> bool | None:
-        """Write ``task``'s success, with whatever else is waiting; return once it is written.
+        """End a task begun with its success; write it, with whatever else is waiting; return once written.
 
         True if it was recorded, False if the task had been taken over (its
         claim no longer held it), None if the database could not be reached
@@ -83,7 +93,7 @@ class Completions:
             self._waiting.append(waiting)
             if self._since is None:
                 self._since = self._clock()
-            self._changed.notify_all()
+            self._end_locked()
             while not waiting.written:
                 wait_for = None if self._writing else self._time_left()
                 if wait_for == 0:
@@ -92,17 +102,16 @@ class Completions:
                 self._changed.wait(wait_for)
         return waiting.recorded
 
-    def slot_finished(self) -> None:
-        """A slot's task has finished (whatever its outcome): the successes waiting for it may go now."""
-        if self._delay > 0:
-            with self._changed:
-                self._changed.notify_all()
+    def _end_locked(self) -> None:
+        self._running = max(self._running - 1, 0)
+        if self._running == 0 and self._waiting:
+            self._changed.notify_all()  # nothing else can join: the batch may go
 
     def _time_left(self) -> float | None:
         """How long the successes waiting may wait still (0: write now; None: nothing waits)."""
         if self._since is None:
             return None
-        if self._still_running() == 0:
+        if self._running == 0:
             return 0.0
         return max(self._since + self._delay - self._clock(), 0.0)
 

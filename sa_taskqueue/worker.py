@@ -84,6 +84,9 @@ class _Running:
     coroutine: Future[Outcome] | None = None  # an async def task's run on its loop
     given_back: bool = False
     began: bool = False  # a thread has taken it up (a task claimed ahead waits for one)
+    #: Its outcome is settled for the batching of successes: handed to it, or none to hand.
+    reported: bool = False
+    writing: bool = False  # its success is in, or waits for, a batch being written
     finished: bool = False  # the run is over; only its outcome is being written
     completing: bool = False  # its success waits in, or is in, a batch being written
     started: float = field(default_factory=time.monotonic)
@@ -160,7 +163,9 @@ class Worker:
             raise ValueError(f"poll_interval must be positive, got {poll_interval!r}")
         if isolation not in ("thread", "process"):
             raise ValueError(f"isolation must be 'thread' or 'process', got {isolation!r}")
-        if not (isinstance(completion_delay, int | float) and 0 <= completion_delay < math.inf):
+        if isinstance(completion_delay, bool) or not (
+            isinstance(completion_delay, int | float) and 0 <= completion_delay < math.inf
+        ):
             raise ValueError(f"completion_delay must be a number of seconds >= 0, got {completion_delay!r}")
         if shutdown_timeout < 0:
             raise ValueError(f"shutdown_timeout must not be negative, got {shutdown_timeout!r}")
@@ -196,7 +201,6 @@ class Worker:
             self._write_successes,
             self._record_success,
             delay=completion_delay,
-            still_running=self._still_running,
         )
         self._database_down = False
         self._event_loop = event_loop
@@ -211,7 +215,10 @@ class Worker:
 
     @property
     def running_tasks(self) -> list[ClaimedTask]:
-        """Tasks whose run is still going (not those only writing their outcome)."""
+        """Tasks claimed and not finished: running, or claimed ahead and waiting for a slot.
+
+        (Not those only writing their outcome.)
+        """
         return [slot.task for slot in self._running_slots()]
 
     def _running_slots(self) -> list[_Running]:
@@ -270,6 +277,8 @@ class Worker:
                 self._drain()
         finally:
             self._stopped.set()
+            with self._lock:
+                self._arm_locked(exact=True)  # the heartbeat, which would, has stopped
             # Threads of tasks given back may still run; nothing waits for them.
             pool.shutdown(wait=False, cancel_futures=True)
             for thread in background:
@@ -326,10 +335,11 @@ class Worker:
         error_backoff = 0.0
         while not self._stopping.is_set():
             with self._lock:
-                # Slots whose success waits to be written, or is being
-                # written, free up within a write from now.  (Not slots in
+                # Slots whose success waits for, or is in, a batch being
+                # written free up within a write from now.  (Not slots in
                 # hooks or recording a failure: those may take long.)
-                completing = sum(1 for slot in self._running.values() if slot.completing)
+                completing = any(slot.completing for slot in self._running.values())
+                writing = sum(1 for slot in self._running.values() if slot.writing)
                 free = self.concurrency - len(self._running)
                 if claim_ahead:
                     # Claim for them already, so that their next tasks are
@@ -337,7 +347,7 @@ class Worker:
                     # during the write's.  Those tasks wait in the pool for
                     # the slots, their leases running from the claim and
                     # renewed like any other.
-                    free += completing
+                    free += writing
             if free <= 0:
                 self._wait(None)
                 continue
@@ -376,6 +386,11 @@ class Worker:
                 continue  # every slot taken: wait for one below, then claim again
             if not claimed and not self._running and self.burst:
                 return
+            if not claimed:
+                with self._lock:
+                    if not self._running:
+                        # Idle: a disarm held back (see _arm_locked) is sent now.
+                        self._arm_locked(exact=True)
             # A short claim: poll again soon, backing off while nothing comes.
             idle_delay = MIN_POLL_INTERVAL if claimed else min(idle_delay * 2, self.poll_interval)
             # Jitter below the delay, so that idle workers spread out and no
@@ -458,7 +473,13 @@ class Worker:
     # One task -----------------------------------------------------------------
 
     def _execute(self, slot: _Running) -> None:
+        if self._stopping.is_set() or slot.lease_lost:
+            # Claimed ahead, and its slot came free only after a stop was
+            # asked for, or after its lease was lost: it does not start.
+            self._give_back_unstarted(slot)
+            return
         slot.began = True
+        self._completions.begin()
         try:
             self._run_task(slot)
         except Exception as error:
@@ -468,7 +489,32 @@ class Worker:
                 extra=task_fields(slot.task, self.worker_id, error=error_message(error)),
             )
             self._finished(slot)
+            self._no_success(slot)
             self._record(slot.task, Outcome(error=error))
+        finally:
+            self._no_success(slot)
+
+    def _no_success(self, slot: _Running) -> None:
+        """The task has no success for the batch to wait for (once per task begun)."""
+        if not slot.reported:
+            slot.reported = True
+            self._completions.end_without_success()
+
+    def _give_back_unstarted(self, slot: _Running) -> None:
+        """Give a task that never started back to the queue at once, rather than to its lease."""
+        with slot.lock:
+            slot.given_back = True
+        if slot.lease_lost:
+            return  # another worker may hold it by now: nothing of it is ours to write
+        try:
+            released = self.queue.release(slot.task)
+        except DatabaseUnavailable as error:
+            logger.error("task %d %s: could not give it back (%s); its lease will", *_ids(slot.task), error)
+            return
+        if released:
+            with self._lock:
+                self.given_back += 1
+            logger.info("task %d %s attempt %d given back unstarted", *_ids(slot.task), slot.task.attempts)
 
     def _run_task(self, slot: _Running) -> None:
         task = slot.task
@@ -480,7 +526,7 @@ class Worker:
             extra=task_fields(task, self.worker_id),
         )
         self._hook(self.on_start, task)
-        if time.monotonic() >= kill_at(slot.renewed_at, self.queue.lease.total_seconds()):
+        if slot.lease_lost or time.monotonic() >= kill_at(slot.renewed_at, self.queue.lease.total_seconds()):
             # Claimed, but not started before its lease could end (the process
             # was stopped, say): another worker may hold it by now.
             logger.warning("task %d %s: not started, its lease may have ended meanwhile", *_ids(task))
@@ -530,12 +576,13 @@ class Worker:
             )
             if not outcome.committed:  # (a transactional task's completion is written already)
                 slot.completing = True
-                self._wake.set()  # the loop may claim ahead for this slot
                 try:
-                    self._complete(task, outcome)
+                    self._complete(slot, outcome)
                 finally:
                     slot.completing = False
                     self._wake.set()  # the loop may be waiting for this write before it claims
+            else:
+                self._no_success(slot)
             self._hook(self.on_success, task, outcome.result)
         else:
             with self._lock:
@@ -550,6 +597,7 @@ class Worker:
                     task, self.worker_id, duration=duration, error=error_message(outcome.error)
                 ),
             )
+            self._no_success(slot)
             self._record(task, outcome)
             self._hook(self.on_failure, task, outcome.error)
 
@@ -586,7 +634,7 @@ class Worker:
             settle(None, False)  # (rolled back already, unless it failed after the call)
             return outcome
         may_commit = not (slot.given_back or slot.lease_lost)
-        slot.completing = True  # (the loop may claim for this slot now, in one claim with others)
+        slot.completing = True  # (the loop claims for the other free slots meanwhile)
         try:
             committed = settle(outcome.result, may_commit)
         except Exception as error:  # noqa: BLE001 - recorded as the task's failure, its writes rolled back
@@ -634,15 +682,6 @@ class Worker:
         with self._lock:
             slot.finished = True
             self._arm_locked()
-        self._completions.slot_finished()
-
-    def _still_running(self) -> int:
-        """How many slots run a task that has not finished: successes that may join the next batch.
-
-        Tasks claimed ahead, waiting for a slot, do not count: they start only once this batch is written.
-        """
-        with self._lock:
-            return sum(1 for slot in self._running.values() if slot.began and not slot.finished)
 
     def _arm_locked(self, extra: _Running | None = None, *, exact: bool = False) -> None:
         """Tell the watchdog when the first lease of a running task would end unrenewed (under ``_lock``).
@@ -670,12 +709,21 @@ class Worker:
         if self._watchdog is not None:
             register_child(self._watchdog.fileno)
 
-    def _complete(self, task: ClaimedTask, outcome: Outcome) -> None:
+    def _complete(self, slot: _Running, outcome: Outcome) -> None:
         """Record a success, in one statement with whatever other slots finished meanwhile."""
+        task = slot.task
         if outcome.result is not None and not is_storable(outcome.result):
+            self._no_success(slot)
             self._record(task, outcome)  # recorded as the failure it is
             return
-        if self._completions.record(task, outcome.result) is False:
+        slot.reported = True
+        slot.writing = True
+        self._wake.set()  # the loop may claim ahead for this slot
+        try:
+            recorded = self._completions.record(task, outcome.result)
+        finally:
+            slot.writing = False
+        if recorded is False:
             logger.warning("task %d %s: outcome not recorded, the task was taken over", *_ids(task))
 
     def _write_successes(self, tasks: Sequence[ClaimedTask], results: Sequence[Any]) -> set[int] | None:

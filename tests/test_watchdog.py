@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -304,3 +305,40 @@ def test_a_worker_idle_after_its_tasks_outlives_their_leases(
     second_id = enqueue_one(default_queue, engine, "span", {"key": 2, "seconds": 0.01})
     wait_until(lambda: completed(engine, second_id), 60, "the same worker to complete the next task")
     assert {run.pid for run in runs(spans)} == {first.pid}
+
+
+ARMED_TWICE = """
+import sys, time
+from sa_taskqueue.watchdog import Watchdog
+
+watchdog = Watchdog(lambda error: None)
+now = time.monotonic()
+first, second, slack = (float(arg) for arg in sys.argv[1:])
+watchdog.arm(now + first)
+watchdog.arm(now + second, unless_sooner_than=slack)
+print("armed", flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.backends("sqlite")  # about the watchdog's process, not the database
+@pytest.mark.parametrize(
+    ("first", "second", "why"),
+    [
+        (2.0, 600.0, "a kill moving later is held back while the one armed is more than the slack away"),
+        (600.0, 0.5, "a kill moving sooner is sent at once"),
+    ],
+)
+def test_a_watchdog_armed_twice_kills_by_the_sooner_deadline(first: float, second: float, why: str) -> None:
+    process = subprocess.Popen(
+        [sys.executable, "-c", ARMED_TWICE, str(first), str(second), "1.0"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None and process.stdout.readline() == "armed\n"
+        assert process.wait(60) == -signal.SIGKILL, why
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(30)

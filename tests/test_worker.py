@@ -144,7 +144,93 @@ def test_a_success_waits_for_a_slot_still_running_no_longer_than_the_completion_
     assert task_row(engine, long_id).status == tq.TaskStatus.COMPLETED
 
 
-@pytest.mark.parametrize("delay", [-0.001, float("nan"), float("inf"), "0.005", None])
+def test_a_success_waits_for_a_slot_still_running_and_they_go_in_one_statement(
+    queue: tq.TaskQueue, engine: sa.Engine
+) -> None:
+    quick_returned = threading.Event()
+    long_may_end = threading.Event()
+
+    @queue.task(name="long")
+    def long_task() -> str:
+        long_may_end.wait(120)
+        return "long"
+
+    @queue.task(name="quick")
+    def quick_task() -> str:
+        quick_returned.set()
+        return "quick"
+
+    with Session(engine) as session:
+        queue.enqueue(session, "long", {})
+        queue.enqueue(session, "quick", {})
+        session.commit()
+    completions: list[str] = []
+
+    def seen(_conn: object, _cursor: object, statement: str, *_rest: object) -> None:
+        if "finished_at" in statement and "UPDATE" in statement.upper():
+            completions.append(statement)
+
+    queue_engine = getattr(queue.engine, "sync_engine", queue.engine)  # (an AsyncEngine's sync core)
+    sa.event.listen(queue_engine, "before_cursor_execute", seen)
+    worker = tq.Worker(queue, concurrency=2, burst=True, poll_interval=0.05, completion_delay=600)
+    runner = threading.Thread(target=worker.run)
+    runner.start()
+    try:
+        assert quick_returned.wait(30), "the quick task ran"
+        # Its success waits for the long task, well within the delay.
+        assert {t.status for t in rows(engine)} == {tq.TaskStatus.RUNNING}
+    finally:
+        long_may_end.set()
+        runner.join(timeout=60)
+        sa.event.remove(queue_engine, "before_cursor_execute", seen)
+    assert not runner.is_alive()
+    assert sorted(t.result for t in rows(engine)) == ["long", "quick"]
+    if queue.strategy.name != "advisory_lock":  # each advisory task releases its own lock
+        assert len(completions) == 1, completions
+
+
+@pytest.mark.requires("claims_ahead")
+def test_a_task_claimed_ahead_is_given_back_unstarted_when_the_worker_stops(
+    queue: tq.TaskQueue, engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_may_go = threading.Event()
+    writing = threading.Event()
+    real_complete_many = queue.complete_many
+
+    def slow_write(claimed: list[tq.ClaimedTask], results: object = None) -> set[int]:
+        writing.set()
+        write_may_go.wait(60)  # the first success's write is still on its way
+        return real_complete_many(claimed, results)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(queue, "complete_many", slow_write)
+    with Session(engine) as session:
+        first = queue.enqueue(session, "record", {"key": 1}, priority=0)
+        session.commit()
+        first_id = first.id
+    worker = tq.Worker(queue, concurrency=1, poll_interval=0.05)
+    runner = threading.Thread(target=worker.run)
+    runner.start()
+    try:
+        assert writing.wait(30), "the first task's success is being written"
+        with Session(engine) as session:
+            second = queue.enqueue(session, "record", {"key": 2})
+            session.commit()
+            second_id = second.id
+        # The worker claims the next task for the slot still writing.
+        wait_until(lambda: task_row(engine, second_id).status == tq.TaskStatus.RUNNING, 30, "a claim ahead")
+        worker.stop()
+    finally:
+        write_may_go.set()
+        runner.join(timeout=60)
+    assert not runner.is_alive()
+    assert task_row(engine, first_id).status == tq.TaskStatus.COMPLETED
+    second_row = task_row(engine, second_id)
+    assert (second_row.status, second_row.attempts) == (tq.TaskStatus.QUEUED, 0)
+    assert executions(engine) == {1: 1}, "the task claimed ahead never started"
+    assert worker.given_back == 1
+
+
+@pytest.mark.parametrize("delay", [-0.001, float("nan"), float("inf"), "0.005", None, True])
 def test_a_completion_delay_that_is_not_a_number_of_seconds_is_refused(
     queue: tq.TaskQueue, delay: object
 ) -> None:
