@@ -189,6 +189,7 @@ def _command_group() -> click.Group:
         burst: bool,
         poll_interval: float,
         shutdown_timeout: float,
+        completion_delay: float,
         no_listen: bool,
         no_self_test: bool,
         log_format: str,
@@ -206,6 +207,7 @@ def _command_group() -> click.Group:
             shutdown_timeout=shutdown_timeout,
             listen=not no_listen,
             self_test=not no_self_test,
+            completion_delay=completion_delay,
         )
         if ran.abandoned:
             # As `sa-taskqueue worker` does: threads of tasks given back may still
