@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -43,30 +44,40 @@ def enqueue_tasks_finishing_together(queue: tq.TaskQueue, engine: sa.Engine, cou
         session.commit()
 
 
+@contextmanager
+def completion_statements(queue: tq.TaskQueue) -> Iterator[list[str]]:
+    """The completions the queue sends meanwhile, as SQLAlchemy's events see them on the queue's own engine.
+
+    (Under an asyncio driver, the AsyncEngine's sync core; on PostgreSQL the
+    UPDATE is inside a WITH that announces the finished ids.)
+    """
+    seen: list[str] = []
+
+    def completion(_conn: object, _cursor: object, statement: str, *_rest: object) -> None:
+        if "UPDATE" in statement.upper() and "finished_at" in statement:
+            seen.append(statement)
+
+    queue_engine = getattr(queue.engine, "sync_engine", queue.engine)
+    sa.event.listen(queue_engine, "before_cursor_execute", completion)
+    try:
+        yield seen
+    finally:
+        sa.event.remove(queue_engine, "before_cursor_execute", completion)
+
+
 def test_tasks_finishing_together_are_recorded_in_fewer_statements_each_before_its_slot_frees(
     queue: tq.TaskQueue, engine: sa.Engine
 ) -> None:
     slots = 8
     enqueue_tasks_finishing_together(queue, engine, slots)
-    completions: list[str] = []
-
-    def seen(_conn: object, _cursor: object, statement: str, *_rest: object) -> None:
-        # (On PostgreSQL the UPDATE is inside a WITH that announces the finished ids.)
-        if "UPDATE" in statement.upper() and "finished_at" in statement:
-            completions.append(statement)
-
     recorded: list[tuple[int, tq.TaskStatus]] = []
 
     def on_success(task: tq.ClaimedTask, _result: object) -> None:
         # A slot is freed (and its hook called) only once its outcome is written.
         recorded.append((task.id, task_row(engine, task.id).status))
 
-    queue_engine = getattr(queue.engine, "sync_engine", queue.engine)  # (an AsyncEngine's sync core)
-    sa.event.listen(queue_engine, "before_cursor_execute", seen)
-    try:
+    with completion_statements(queue) as completions:
         worker = queue.run_worker(concurrency=slots, burst=True, poll_interval=0.05, on_success=on_success)
-    finally:
-        sa.event.remove(queue_engine, "before_cursor_execute", seen)
     assert worker.processed == slots
     assert {(t.params["n"], t.status, t.result) for t in rows(engine)} == {
         (n, tq.TaskStatus.COMPLETED, n) for n in range(slots)
@@ -81,21 +92,10 @@ def test_successes_of_slots_finishing_together_go_in_one_statement_while_none_is
 ) -> None:
     slots = 8
     enqueue_tasks_finishing_together(queue, engine, slots)
-    completions: list[str] = []
-
-    def seen(_conn: object, _cursor: object, statement: str, *_rest: object) -> None:
-        # SQLAlchemy's events see the batched completion like any other statement.
-        if "finished_at" in statement and "UPDATE" in statement.upper():
-            completions.append(statement)
-
-    # The queue's own engine: under an asyncio driver, the AsyncEngine's sync core.
-    queue_engine = getattr(queue.engine, "sync_engine", queue.engine)
-    sa.event.listen(queue_engine, "before_cursor_execute", seen)
-    try:
+    # SQLAlchemy's events see the batched completion like any other statement.
+    with completion_statements(queue) as completions:
         # A delay far longer than the test: the batch goes once no slot runs, not when it ends.
         worker = queue.run_worker(concurrency=slots, burst=True, poll_interval=0.05, completion_delay=600)
-    finally:
-        sa.event.remove(queue_engine, "before_cursor_execute", seen)
     assert worker.processed == slots
     assert {(t.params["n"], t.status, t.result) for t in rows(engine)} == {
         (n, tq.TaskStatus.COMPLETED, n) for n in range(slots)
@@ -164,25 +164,17 @@ def test_a_success_waits_for_a_slot_still_running_and_they_go_in_one_statement(
         queue.enqueue(session, "long", {})
         queue.enqueue(session, "quick", {})
         session.commit()
-    completions: list[str] = []
-
-    def seen(_conn: object, _cursor: object, statement: str, *_rest: object) -> None:
-        if "finished_at" in statement and "UPDATE" in statement.upper():
-            completions.append(statement)
-
-    queue_engine = getattr(queue.engine, "sync_engine", queue.engine)  # (an AsyncEngine's sync core)
-    sa.event.listen(queue_engine, "before_cursor_execute", seen)
     worker = tq.Worker(queue, concurrency=2, burst=True, poll_interval=0.05, completion_delay=600)
     runner = threading.Thread(target=worker.run)
-    runner.start()
-    try:
-        assert quick_returned.wait(30), "the quick task ran"
-        # Its success waits for the long task, well within the delay.
-        assert {t.status for t in rows(engine)} == {tq.TaskStatus.RUNNING}
-    finally:
-        long_may_end.set()
-        runner.join(timeout=60)
-        sa.event.remove(queue_engine, "before_cursor_execute", seen)
+    with completion_statements(queue) as completions:
+        runner.start()
+        try:
+            assert quick_returned.wait(30), "the quick task ran"
+            # Its success waits for the long task, well within the delay.
+            assert {t.status for t in rows(engine)} == {tq.TaskStatus.RUNNING}
+        finally:
+            long_may_end.set()
+            runner.join(timeout=60)
     assert not runner.is_alive()
     assert sorted(t.result for t in rows(engine)) == ["long", "quick"]
     if queue.strategy.name != "advisory_lock":  # each advisory task releases its own lock
