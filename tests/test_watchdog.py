@@ -298,10 +298,12 @@ def test_a_worker_idle_after_its_tasks_outlives_their_leases(
     processes.append(first)
     deaths.watch(first.pid)
     wait_until(lambda: completed(engine, first_id), 60, "the worker to complete the first task")
-    # The watchdog's clock is the real one, in a process of its own: two
-    # leases of real time go by before the next task.
-    time.sleep(2 * LEASE)
-    assert first.poll() is None, "the idle worker was left alive"
+    # The watchdog's clock is the real one, in a process of its own: the
+    # worker is watched through two leases of real time before the next task.
+    idle_until = time.monotonic() + 2 * LEASE
+    while time.monotonic() < idle_until:
+        assert first.poll() is None, "the idle worker was left alive"
+        time.sleep(0.05)
     second_id = enqueue_one(default_queue, engine, "span", {"key": 2, "seconds": 0.01})
     wait_until(lambda: completed(engine, second_id), 60, "the same worker to complete the next task")
     assert {run.pid for run in runs(spans)} == {first.pid}

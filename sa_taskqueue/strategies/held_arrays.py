@@ -17,7 +17,6 @@ from sqlalchemy import BigInteger, Integer, String, Table, any_, bindparam, func
 from sqlalchemy.dialects.postgresql import ARRAY
 
 from sa_taskqueue.model import TaskStatus, has_status
-from sa_taskqueue.strategies.lease import HELD_NOW
 from sa_taskqueue.types import UTCDateTime
 
 #: The array parameters, in the order of the rows' columns.
@@ -28,12 +27,12 @@ HELD_STARTS = "held_starts"
 HELD_RESULTS = "held_results"
 
 
-def complete_from_arrays_statement(table: Table) -> Any:
+def complete_from_arrays_statement(table: Table, now_param: str) -> Any:
     """The UPDATE completing every held task named by the arrays, each under its own claim test.
 
     Parameters: `HELD_IDS`, `HELD_BYS`, `HELD_ATTEMPTS_LIST`, `HELD_STARTS`
-    and `HELD_RESULTS` (lists of one length), ``held_now`` and
-    ``finished_now``.
+    and `HELD_RESULTS` (lists of one length), ``now_param`` (the lease
+    test's time) and ``finished_now``.
     """
     ids = bindparam(HELD_IDS, type_=ARRAY(BigInteger()))
     held = (
@@ -59,7 +58,7 @@ def complete_from_arrays_statement(table: Table) -> Any:
             table.c.attempts == held.c.attempts,
             table.c.started_at == held.c.started_at,
             has_status(table, TaskStatus.RUNNING),
-            table.c.locked_until > bindparam(HELD_NOW, type_=table.c.locked_until.type),
+            table.c.locked_until > bindparam(now_param, type_=table.c.locked_until.type),
         )
         .values(
             status=TaskStatus.COMPLETED,

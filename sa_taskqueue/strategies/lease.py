@@ -34,6 +34,7 @@ from sa_taskqueue.backends import backend_for
 from sa_taskqueue.claimed import ClaimedTask
 from sa_taskqueue.finished import announced_ids, announcing, notify_finished
 from sa_taskqueue.model import FINISHED_STATUSES, TaskStatus, has_status
+from sa_taskqueue.strategies.held_arrays import complete_from_arrays_statement, held_arrays
 from sa_taskqueue.types import UTCDateTime
 
 if TYPE_CHECKING:
@@ -204,12 +205,10 @@ class LeaseWrites:
         now: datetime,
     ) -> set[int]:
         """`complete_many` as one statement for any batch size (`held_arrays`), announcing where it can."""
-        from sa_taskqueue.strategies.held_arrays import complete_from_arrays_statement, held_arrays
-
         announce = backend_for(engine.dialect).notify
 
         def build() -> Any:
-            statement = complete_from_arrays_statement(table)
+            statement = complete_from_arrays_statement(table, HELD_NOW)
             return announcing(statement, table) if announce else statement.returning(table.c.id)
 
         statement = self.executor.prepared(("complete_arrays", announce), engine.dialect, table, build)
