@@ -15,8 +15,11 @@ from benchmarks.clients import make_client
 from benchmarks.raw_batch import BATCHED, make_batch_client
 
 
-def seed(url: str, count: int, **overrides: Any) -> None:
-    """Insert ``count`` due no-op tasks in one multi-row statement per chunk."""
+def seed(url: str, count: int, *, numbered: bool = False, **overrides: Any) -> None:
+    """Insert ``count`` due no-op tasks in one multi-row statement per chunk.
+
+    ``numbered`` gives the i-th task the params ``{"n": i}``, for a task that records which ran.
+    """
     import sa_taskqueue as tq
 
     engine = sa.create_engine(url)
@@ -35,7 +38,11 @@ def seed(url: str, count: int, **overrides: Any) -> None:
     row.update(overrides)
     with engine.begin() as conn:
         for start in range(0, count, 5000):
-            conn.execute(tq.Task.__table__.insert(), [row] * min(5000, count - start))
+            chunk = range(start, min(start + 5000, count))
+            conn.execute(
+                tq.Task.__table__.insert(),
+                [{**row, "params": {"n": n}} for n in chunk] if numbered else [row] * len(chunk),
+            )
     engine.dispose()
 
 

@@ -7,8 +7,12 @@ worker's other slots, so that a claimed batch of quick tasks is written in
 one statement rather than in as many as their ends happen to straddle; it
 never waits once no other slot runs a task, so a lone slot writes at once.
 While one statement is on its way, the successes finishing behind it gather
-into the next.  A slot is freed only once its own outcome is written, so a
-freed slot always means a recorded outcome.
+into the next.
+
+One thread of the worker's writes every batch.  A slot hands its success
+over and its thread moves on (`hand_off`), told when it is written; or it
+waits for that (`record`).  Either way the worker frees a slot only once its
+own outcome is written, so a freed slot always means a recorded outcome.
 """
 
 from __future__ import annotations
@@ -30,24 +34,29 @@ WriteMany = Callable[[Sequence[ClaimedTask], Sequence[Any]], set[int] | None]
 WriteOne = Callable[[ClaimedTask, Any], None]
 
 
+#: Told whether a success handed over was recorded (see `Completions.record`).
+Written = Callable[[bool | None], None]
+
+
 @dataclass
 class _Waiting:
-    """A success waiting to be written, and whether it was (None: not written at all)."""
+    """A success waiting to be written, and whom to tell once it is."""
 
     task: ClaimedTask
     result: Any
-    recorded: bool | None = None
-    written: bool = False
+    written: Written
 
 
 class Completions:
-    """Gathers the successes of a worker's slots into shared statements.
+    """Gathers the successes of a worker's slots into shared statements, written by a thread of its own.
 
-    The worker says when a slot starts a task (`begin`) and when it ends
-    without a success to write (`end_without_success`); `record` ends it
-    with one.  The tasks begun and not ended are the successes that may
-    still join a batch.  ``delay`` bounds how long a success waits for them;
-    0 writes each batch as soon as no write is under way.
+    The worker says when a task is claimed for a slot (`begin`) and when it
+    ends without a success to write (`end_without_success`); `hand_off` or
+    `record` ends it with one.  The tasks begun and not ended are the
+    successes that may still join a batch.  ``delay`` bounds how long a
+    success waits for them; 0 writes each batch as soon as no write is
+    under way.  `start` starts the writing thread; `close` writes what
+    waits and stops it.
     """
 
     def __init__(
@@ -67,11 +76,33 @@ class Completions:
         self._waiting: list[_Waiting] = []
         self._since: float | None = None  # when the oldest success waiting arrived
         self._running = 0  # tasks begun whose outcome is not known yet
-        self._writing = False
-        self._changed = threading.Condition()
+        self._closing = False
+        self._writing = False  # a batch is on its way: the next one waits for it
+        self._changed = threading.Condition(threading.Lock())
+        self._writer: threading.Thread | None = None
+        self._serving = False  # the writing thread runs (set and cleared under the lock)
+
+    def start(self) -> None:
+        """Start the thread that writes the batches (again, after `close`)."""
+        with self._changed:
+            if self._serving:
+                return
+            self._closing = False
+            self._serving = True
+            self._writer = threading.Thread(target=self._serve, name="sa_taskqueue-completions", daemon=True)
+            self._writer.start()
+
+    def close(self, timeout: float | None = None) -> None:
+        """Write every success still waiting, at once, then stop the writing thread."""
+        with self._changed:
+            self._closing = True
+            self._changed.notify_all()
+            writer = self._writer
+        if writer is not None:
+            writer.join(timeout)
 
     def begin(self) -> None:
-        """A slot has started a task: a success that may join the next batch."""
+        """A task is claimed for a slot: a success that may join the next batch."""
         with self._changed:
             self._running += 1
 
@@ -80,27 +111,53 @@ class Completions:
         with self._changed:
             self._end_locked()
 
+    def hand_off(self, task: ClaimedTask, result: Any, written: Written) -> None:
+        """End a task begun with its success, to be written with whatever else waits; return at once.
+
+        ``written`` is called once it is written, with what `record` would
+        return: here, when this success completes a batch due now (the
+        last slot of a batch writes it, with no thread to wake), else on
+        the writing thread.
+        """
+        with self._changed:
+            self._waiting.append(_Waiting(task, result, written))
+            if not self._serving:
+                # Before start or after close (a task given back, ending after
+                # its worker returned): written here, once no write is on its way.
+                while self._writing:
+                    self._changed.wait()
+                self._running = max(self._running - 1, 0)
+                self._write_waiting()
+                return
+            first = self._since is None
+            if first:
+                self._since = self._clock()
+            self._running = max(self._running - 1, 0)
+            if not self._writing and self._time_left() == 0:
+                self._write_waiting()
+            elif first or self._running == 0:
+                # The writing thread times the wait from the first success,
+                # and writes the batch once the one on its way is written.
+                self._changed.notify_all()
+
     def record(self, task: ClaimedTask, result: Any) -> bool | None:
-        """End a task begun with its success; write it, with whatever else is waiting; return once written.
+        """End a task begun with its success; return once it is written.
 
         True if it was recorded, False if the task had been taken over (its
         claim no longer held it), None if the database could not be reached
         for as long as the lease lasted, or the batch fell back to one write
         per task (which reports for itself).
         """
-        waiting = _Waiting(task, result)
-        with self._changed:
-            self._waiting.append(waiting)
-            if self._since is None:
-                self._since = self._clock()
-            self._end_locked()
-            while not waiting.written:
-                wait_for = None if self._writing else self._time_left()
-                if wait_for == 0:
-                    self._write_waiting()
-                    continue
-                self._changed.wait(wait_for)
-        return waiting.recorded
+        done = threading.Event()
+        recorded: list[bool | None] = []
+
+        def written(outcome: bool | None) -> None:
+            recorded.append(outcome)
+            done.set()
+
+        self.hand_off(task, result, written)
+        done.wait()
+        return recorded[0]
 
     def _end_locked(self) -> None:
         self._running = max(self._running - 1, 0)
@@ -111,9 +168,22 @@ class Completions:
         """How long the successes waiting may wait still (0: write now; None: nothing waits)."""
         if self._since is None:
             return None
-        if self._running == 0:
+        if self._running == 0 or self._closing:
             return 0.0
         return max(self._since + self._delay - self._clock(), 0.0)
+
+    def _serve(self) -> None:
+        """The writing thread: each batch once it is due, until closed with nothing waiting."""
+        with self._changed:
+            while True:
+                wait_for = None if self._writing else self._time_left()
+                if wait_for == 0:
+                    self._write_waiting()
+                    continue
+                if wait_for is None and self._closing and not self._writing:
+                    self._serving = False
+                    return
+                self._changed.wait(wait_for)
 
     def _write_waiting(self) -> None:
         """Write every success waiting, outside the lock (called under it; returns under it)."""
@@ -125,16 +195,13 @@ class Completions:
         finally:
             self._changed.acquire()
             self._writing = False
-            for item in batch:
-                item.written = True
-            self._changed.notify_all()
+            if self._waiting or not self._serving:
+                self._changed.notify_all()  # successes that arrived meanwhile may be due
 
     def _write_batch(self, batch: list[_Waiting]) -> None:
         tasks = [item.task for item in batch]
         try:
             written = self._write_many(tasks, [item.result for item in batch])
-            for item in batch:
-                item.recorded = None if written is None else item.task.id in written
         except Exception:
             # The database refused a result, or something else went wrong
             # with the statement: each on its own, so only what fails fails.
@@ -144,6 +211,17 @@ class Completions:
                     self._write_one(item.task, item.result)
                 except Exception:
                     logger.exception("task %d %s: could not record its outcome", item.task.id, item.task.name)
+                self._tell(item, None)
+            return
+        for item in batch:
+            self._tell(item, None if written is None else item.task.id in written)
+
+    @staticmethod
+    def _tell(item: _Waiting, recorded: bool | None) -> None:
+        try:
+            item.written(recorded)
+        except Exception:
+            logger.exception("task %d %s: handling its written outcome failed", item.task.id, item.task.name)
 
 
 __all__ = ["Completions"]

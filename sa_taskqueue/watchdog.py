@@ -114,6 +114,14 @@ class Watchdog:
             self._deadline = deadline
             self._send("disarm" if deadline is None else f"deadline {deadline!r}")
 
+    def armed_beyond(self, seconds: float) -> bool:
+        """Whether a kill is armed further than ``seconds`` away.
+
+        If so, `arm` with that much slack would send a sooner kill only.
+        """
+        with self._lock:
+            return self._deadline is not None and self._deadline - time.monotonic() > seconds
+
     def gone(self, pid: int) -> None:
         """A task process has ended (call before it is reaped, so its pid is not reused meanwhile)."""
         with self._lock:

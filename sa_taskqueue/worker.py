@@ -85,8 +85,12 @@ class _Running:
     given_back: bool = False
     began: bool = False  # a thread has taken it up (a task claimed ahead waits for one)
     #: Its outcome is settled for the batching of successes: handed to it, or none to hand.
+    #: (It counts there from its claim until then, so that the successes of a
+    #: claimed batch wait for the tasks whose threads have not taken them up yet.)
     reported: bool = False
-    writing: bool = False  # its success is in, or waits for, a batch being written
+    writing: bool = False  # its success is in a statement on its way
+    #: Its success was handed to the completions' thread, which frees the slot once it is written.
+    handed_off: bool = False
     finished: bool = False  # the run is over; only its outcome is being written
     completing: bool = False  # its success waits in, or is in, a batch being written
     started: float = field(default_factory=time.monotonic)
@@ -194,7 +198,7 @@ class Worker:
         self._stopping = threading.Event()
         self._stopped = threading.Event()
         self._wake = threading.Event()
-        self._running: dict[Future[None], _Running] = {}
+        self._running: dict[int, _Running] = {}  # by id(): a slot until its outcome is written
         self._lock = threading.Lock()
         self.completion_delay = completion_delay
         self._completions = Completions(
@@ -270,6 +274,7 @@ class Worker:
         for thread in background:
             thread.start()
         pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="sa_taskqueue-task")
+        self._completions.start()
         try:
             try:
                 self._loop(pool)
@@ -277,6 +282,8 @@ class Worker:
                 self._drain()
         finally:
             self._stopped.set()
+            # Writes what still waits (nothing, unless slots were given back meanwhile).
+            self._completions.close(timeout=self.queue.lease.total_seconds())
             with self._lock:
                 self._arm_locked(exact=True)  # the heartbeat, which would, has stopped
             # Threads of tasks given back may still run; nothing waits for them.
@@ -377,10 +384,11 @@ class Worker:
                 with self._lock:
                     # Armed before the task can start: its lease runs from the claim.
                     self._arm_locked(extra=slot)
-                future = pool.submit(self._execute, slot)
+                self._completions.begin()  # ended by its success, or by _no_success
                 with self._lock:
-                    self._running[future] = slot
-                future.add_done_callback(self._slot_freed)
+                    self._running[id(slot)] = slot
+                future = pool.submit(self._execute, slot)
+                future.add_done_callback(partial(self._thread_done, slot))
             if len(claimed) == free:
                 idle_delay = MIN_POLL_INTERVAL
                 continue  # every slot taken: wait for one below, then claim again
@@ -404,15 +412,24 @@ class Worker:
         self._wake.wait(timeout)
         self._wake.clear()
 
-    def _slot_freed(self, future: Future[None]) -> None:
+    def _thread_done(self, slot: _Running, future: Future[None]) -> None:
+        if future.cancelled():  # never taken up: the pool was shut down first
+            self._no_success(slot)
+            self._free(slot)
+        elif future.exception() is not None:
+            logger.error("a task slot ended with an error: %r", future.exception())
+            self._free(slot)
+
+    def _free(self, slot: _Running) -> None:
+        """The slot's task is done with, its outcome written: another may be claimed for it."""
         with self._lock:
-            slot = self._running.pop(future, None)
+            freed = self._running.pop(id(slot), None)
             self._arm_locked()
-        if slot is not None and slot.task.concurrency_key is not None:
+        if freed is None:
+            return
+        if slot.task.concurrency_key is not None:
             self.queue.recheck_limited()  # its key has a free slot now
         self._wake.set()
-        if not future.cancelled() and future.exception() is not None:
-            logger.error("a task slot ended with an error: %r", future.exception())
 
     def _notified(self, queue_name: str) -> None:
         if not queue_name or self.queues is None or queue_name in self.queues:
@@ -473,14 +490,15 @@ class Worker:
     # One task -----------------------------------------------------------------
 
     def _execute(self, slot: _Running) -> None:
-        if self._stopping.is_set() or slot.lease_lost:
-            # Claimed ahead, and its slot came free only after a stop was
-            # asked for, or after its lease was lost: it does not start.
-            self._give_back_unstarted(slot)
-            return
-        slot.began = True
-        self._completions.begin()
+        """A slot's thread: run the task, record its outcome, free the slot (or leave that to the write)."""
         try:
+            if self._stopping.is_set() or slot.lease_lost:
+                # Claimed ahead, and its slot came free only after a stop was
+                # asked for, or after its lease was lost: it does not start.
+                self._no_success(slot)
+                self._give_back_unstarted(slot)
+                return
+            slot.began = True
             self._run_task(slot)
         except Exception as error:
             logger.exception(
@@ -488,14 +506,17 @@ class Worker:
                 *_ids(slot.task),
                 extra=task_fields(slot.task, self.worker_id, error=error_message(error)),
             )
-            self._finished(slot)
-            self._no_success(slot)
-            self._record(slot.task, Outcome(error=error))
+            if not slot.handed_off:
+                self._finished(slot)
+                self._no_success(slot)
+                self._record(slot.task, Outcome(error=error))
         finally:
-            self._no_success(slot)
+            if not slot.handed_off:
+                self._no_success(slot)
+                self._free(slot)
 
     def _no_success(self, slot: _Running) -> None:
-        """The task has no success for the batch to wait for (once per task begun)."""
+        """The task has no success for the batch to wait for (once per task claimed)."""
         if not slot.reported:
             slot.reported = True
             self._completions.end_without_success()
@@ -519,12 +540,13 @@ class Worker:
     def _run_task(self, slot: _Running) -> None:
         task = slot.task
         registered = self.queue.registered(task.name)
-        logger.info(
-            "task %d %s attempt %d started",
-            *_ids(task),
-            task.attempts,
-            extra=task_fields(task, self.worker_id),
-        )
+        if logger.isEnabledFor(logging.INFO):  # (its fields are not built for nothing)
+            logger.info(
+                "task %d %s attempt %d started",
+                *_ids(task),
+                task.attempts,
+                extra=task_fields(task, self.worker_id),
+            )
         self._hook(self.on_start, task)
         if slot.lease_lost or time.monotonic() >= kill_at(slot.renewed_at, self.queue.lease.total_seconds()):
             # Claimed, but not started before its lease could end (the process
@@ -567,20 +589,25 @@ class Worker:
         if outcome.error is None:
             with self._lock:
                 self.processed += 1
-            logger.info(
-                "task %d %s attempt %d done in %.3fs",
-                *_ids(task),
-                task.attempts,
-                duration,
-                extra=task_fields(task, self.worker_id, duration=duration),
-            )
+            if logger.isEnabledFor(logging.INFO):
+                logger.info(
+                    "task %d %s attempt %d done in %.3fs",
+                    *_ids(task),
+                    task.attempts,
+                    duration,
+                    extra=task_fields(task, self.worker_id, duration=duration),
+                )
             if not outcome.committed:  # (a transactional task's completion is written already)
                 slot.completing = True
+                handed_off = False
                 try:
-                    self._complete(slot, outcome)
+                    handed_off = self._complete(slot, outcome)
                 finally:
-                    slot.completing = False
-                    self._wake.set()  # the loop may be waiting for this write before it claims
+                    if not handed_off:
+                        slot.completing = False
+                        self._wake.set()  # the loop may be waiting for this write before it claims
+                if handed_off:
+                    return  # the slot is freed once the success is written; there is no hook to call
             else:
                 self._no_success(slot)
             self._hook(self.on_success, task, outcome.result)
@@ -692,13 +719,18 @@ class Worker:
         """
         if self._watchdog is None:
             return
+        lease = self.queue.lease.total_seconds()
+        slack = None if exact else 2 * heartbeat_interval(lease)
+        if slack is not None and self._watchdog.armed_beyond(slack):
+            # Every lease guarded ends no sooner than the kill armed (a new
+            # claim's ends after every earlier one's), so nothing would be
+            # sent: the work of finding the first is skipped.
+            return
         guarded = [
             slot.renewed_at
             for slot in [*self._running.values(), *([extra] if extra else [])]
             if not slot.finished and not slot.lease_lost
         ]
-        lease = self.queue.lease.total_seconds()
-        slack = None if exact else 2 * heartbeat_interval(lease)
         self._watchdog.arm(kill_at(min(guarded), lease) if guarded else None, unless_sooner_than=slack)
 
     def _after_fork(self) -> None:
@@ -709,24 +741,48 @@ class Worker:
         if self._watchdog is not None:
             register_child(self._watchdog.fileno)
 
-    def _complete(self, slot: _Running, outcome: Outcome) -> None:
-        """Record a success, in one statement with whatever other slots finished meanwhile."""
+    def _complete(self, slot: _Running, outcome: Outcome) -> bool:
+        """Record a success, in one statement with whatever other slots finished meanwhile.
+
+        With no ``on_success`` hook to call once it is written, the success
+        is handed over and the slot's thread moves on at once (True): the
+        slot is freed when the write is done.  Otherwise this returns once
+        it is written (False).
+        """
         task = slot.task
         if outcome.result is not None and not is_storable(outcome.result):
             self._no_success(slot)
             self._record(task, outcome)  # recorded as the failure it is
-            return
+            return False
         slot.reported = True
-        slot.writing = True
-        self._wake.set()  # the loop may claim ahead for this slot
+        if self.on_success is None:
+            slot.handed_off = True
+            self._completions.hand_off(task, outcome.result, partial(self._written, slot))
+            return True
         try:
             recorded = self._completions.record(task, outcome.result)
         finally:
             slot.writing = False
         if recorded is False:
             logger.warning("task %d %s: outcome not recorded, the task was taken over", *_ids(task))
+        return False
+
+    def _written(self, slot: _Running, recorded: bool | None) -> None:
+        """A success handed over is written (on the completions' thread): free its slot."""
+        slot.writing = False
+        slot.completing = False
+        if recorded is False:
+            logger.warning("task %d %s: outcome not recorded, the task was taken over", *_ids(slot.task))
+        self._free(slot)
 
     def _write_successes(self, tasks: Sequence[ClaimedTask], results: Sequence[Any]) -> set[int] | None:
+        ids = {task.id for task in tasks}
+        with self._lock:
+            for slot in self._running.values():
+                if slot.task.id in ids and slot.completing:
+                    slot.writing = True
+        self._wake.set()  # the loop may claim ahead for these slots, during the write
+
         def landed(written: set[int]) -> set[int]:
             return written | {
                 task.id

@@ -199,7 +199,9 @@ def test_a_task_claimed_ahead_is_given_back_unstarted_when_the_worker_stops(
         first = queue.enqueue(session, "record", {"key": 1}, priority=0)
         session.commit()
         first_id = first.id
-    worker = tq.Worker(queue, concurrency=1, poll_interval=0.05)
+    # A success hook is called once the success is written, so the slot's
+    # thread waits for the write: the task claimed ahead waits for the thread.
+    worker = tq.Worker(queue, concurrency=1, poll_interval=0.05, on_success=lambda _task, _result: None)
     runner = threading.Thread(target=worker.run)
     runner.start()
     try:
@@ -220,6 +222,48 @@ def test_a_task_claimed_ahead_is_given_back_unstarted_when_the_worker_stops(
     assert (second_row.status, second_row.attempts) == (tq.TaskStatus.QUEUED, 0)
     assert executions(engine) == {1: 1}, "the task claimed ahead never started"
     assert worker.given_back == 1
+
+
+@pytest.mark.requires("claims_ahead")
+def test_a_slot_whose_success_another_slot_writes_runs_a_task_claimed_ahead_meanwhile(
+    queue: tq.TaskQueue, engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_may_go = threading.Event()
+    writing = threading.Event()
+    real_complete_many = queue.complete_many
+
+    def slow_write(claimed: list[tq.ClaimedTask], results: object = None) -> set[int]:
+        writing.set()
+        write_may_go.wait(60)  # the batch's write is still on its way
+        return real_complete_many(claimed, results)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(queue, "complete_many", slow_write)
+    with Session(engine) as session:
+        batch = queue.enqueue_many(session, "record", [{"key": 1}, {"key": 2}])
+        session.commit()
+        batch_ids = list(batch)
+    # The batch's last success writes both; the other slot's thread, with no
+    # hook to call after the write, has moved on.
+    worker = tq.Worker(queue, concurrency=2, poll_interval=0.05, completion_delay=600)
+    runner = threading.Thread(target=worker.run)
+    runner.start()
+    try:
+        assert writing.wait(30), "the batch's successes are being written"
+        with Session(engine) as session:
+            queue.enqueue(session, "record", {"key": 3})
+            session.commit()
+        wait_until(lambda: 3 in executions(engine), 30, "the task claimed ahead to run")
+        assert {task_row(engine, i).status for i in batch_ids} == {tq.TaskStatus.RUNNING}, "not written yet"
+        write_may_go.set()
+        done = {tq.TaskStatus.COMPLETED}
+        wait_until(lambda: {t.status for t in rows(engine)} == done, 30, "every success written")
+        worker.stop()
+    finally:
+        write_may_go.set()
+        runner.join(timeout=60)
+    assert not runner.is_alive()
+    assert executions(engine) == {1: 1, 2: 1, 3: 1}
+    assert (worker.processed, worker.given_back) == (3, 0)
 
 
 @pytest.mark.parametrize("delay", [-0.001, float("nan"), float("inf"), "0.005", None, True])
