@@ -115,7 +115,7 @@ def _procrastinate_worker(dsn: str, _batch: int, ready: Any, go: Any, results: A
 
     app.tasks["noop"].func = timed
     asyncio.run(work())
-    results.put((ran, stamps[-1] if stamps else 0.0))
+    results.put((ran, max(stamps, default=0.0)))
 
 
 # PgQueuer -------------------------------------------------------------------------
@@ -161,7 +161,7 @@ def _pgqueuer_worker(dsn: str, batch: int, ready: Any, go: Any, results: Any) ->
         await manager.run(batch_size=batch, mode=QueueExecutionMode.drain)
 
     asyncio.run(work())
-    results.put((ran, stamps[-1] if stamps else 0.0))
+    results.put((ran, max(stamps, default=0.0)))
 
 
 # sa_taskqueue's own Worker ------------------------------------------------------------
@@ -205,7 +205,7 @@ def _sa_taskqueue_worker(url: str, batch: int, ready: Any, go: Any, results: Any
     queue.run_worker(concurrency=batch, burst=True, poll_interval=0.05)
     queue.close()
     engine.dispose()
-    results.put((ran, stamps[-1] if stamps else 0.0))
+    results.put((ran, max(stamps, default=0.0)))
 
 
 def _sa_taskqueue_async_worker(url: str, batch: int, ready: Any, go: Any, results: Any) -> None:
@@ -233,7 +233,7 @@ def _sa_taskqueue_async_worker(url: str, batch: int, ready: Any, go: Any, result
         await engine.dispose()
 
     asyncio.run(serve())
-    results.put((ran, stamps[-1] if stamps else 0.0))
+    results.put((ran, max(stamps, default=0.0)))
 
 
 # Raw asyncpg -------------------------------------------------------------------------
@@ -286,7 +286,7 @@ def _raw_asyncpg_worker(url: str, batch: int, ready: Any, go: Any, results: Any)
         await conn.close()
 
     asyncio.run(work())
-    results.put((ran, stamps[-1] if stamps else 0.0))
+    results.put((ran, max(stamps, default=0.0)))
 
 
 SEED = {

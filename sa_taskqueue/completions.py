@@ -2,17 +2,21 @@
 
 A worker's slots finish tasks independently.  Writing each success on its own
 costs a statement per task; writing them together costs one per batch.  A
-success waits, at most ``delay`` seconds, for the tasks still running in the
-worker's other slots, so that a claimed batch of quick tasks is written in
-one statement rather than in as many as their ends happen to straddle; it
-never waits once no other slot runs a task, so a lone slot writes at once.
+success waits, at most ``delay`` seconds, for the other tasks the worker has
+claimed and not finished (counted from the claim, so a slot whose thread has
+not taken up its task yet counts too), so that a claimed batch of quick tasks
+is written in one statement rather than in as many as their ends happen to
+straddle; it never waits once none is left, so a lone slot writes at once.
 While one statement is on its way, the successes finishing behind it gather
 into the next.
 
-One thread of the worker's writes every batch.  A slot hands its success
-over and its thread moves on (`hand_off`), told when it is written; or it
-waits for that (`record`).  Either way the worker frees a slot only once its
-own outcome is written, so a freed slot always means a recorded outcome.
+The success that completes a batch writes it on its own thread; a batch
+whose delay runs out, or that waited behind another's write, is written by
+a thread of the worker's own.  The other slots hand their successes over
+and their threads move on (`hand_off`), told once written, on whichever
+thread wrote them; or they wait for that (`record`).  Either way the worker frees
+a slot only once its own outcome is written, so a freed slot always means a
+recorded outcome.
 """
 
 from __future__ import annotations
@@ -85,9 +89,9 @@ class Completions:
     def start(self) -> None:
         """Start the thread that writes the batches (again, after `close`)."""
         with self._changed:
-            if self._serving:
-                return
             self._closing = False
+            if self._serving:
+                return  # (a close that timed out: its thread serves on)
             self._serving = True
             self._writer = threading.Thread(target=self._serve, name="sa_taskqueue-completions", daemon=True)
             self._writer.start()
@@ -101,10 +105,14 @@ class Completions:
         if writer is not None:
             writer.join(timeout)
 
-    def begin(self) -> None:
-        """A task is claimed for a slot: a success that may join the next batch."""
+    def begin(self, count: int = 1) -> None:
+        """``count`` tasks are claimed for slots: successes that may join the next batch.
+
+        A claim's tasks begin together, before any of them can end, so that
+        none of their successes is written without the others'.
+        """
         with self._changed:
-            self._running += 1
+            self._running += count
 
     def end_without_success(self) -> None:
         """A task begun has ended without a success to write (it failed, or was given back)."""
@@ -115,9 +123,9 @@ class Completions:
         """End a task begun with its success, to be written with whatever else waits; return at once.
 
         ``written`` is called once it is written, with what `record` would
-        return: here, when this success completes a batch due now (the
-        last slot of a batch writes it, with no thread to wake), else on
-        the writing thread.
+        return, on the thread that wrote it: this one when this success
+        completes a batch due now (the last slot of a batch writes it, with
+        no thread to wake), another slot's, or the writing thread's.
         """
         with self._changed:
             self._waiting.append(_Waiting(task, result, written))
@@ -188,6 +196,8 @@ class Completions:
     def _write_waiting(self) -> None:
         """Write every success waiting, outside the lock (called under it; returns under it)."""
         batch, self._waiting, self._since = self._waiting, [], None
+        if not batch:
+            return  # (another writer took them)
         self._writing = True
         self._changed.release()
         try:
@@ -195,8 +205,10 @@ class Completions:
         finally:
             self._changed.acquire()
             self._writing = False
-            if self._waiting or not self._serving:
-                self._changed.notify_all()  # successes that arrived meanwhile may be due
+            if self._waiting or self._closing or not self._serving:
+                # Successes that arrived meanwhile may be due; a closing
+                # writing thread, or a caller after close, waits for this write.
+                self._changed.notify_all()
 
     def _write_batch(self, batch: list[_Waiting]) -> None:
         tasks = [item.task for item in batch]

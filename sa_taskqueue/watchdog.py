@@ -114,13 +114,19 @@ class Watchdog:
             self._deadline = deadline
             self._send("disarm" if deadline is None else f"deadline {deadline!r}")
 
-    def armed_beyond(self, seconds: float) -> bool:
-        """Whether a kill is armed further than ``seconds`` away.
+    def armed_beyond(self, seconds: float, *, not_after: float | None = None) -> bool:
+        """Whether a kill is armed further than ``seconds`` away (and no later than ``not_after``).
 
-        If so, `arm` with that much slack would send a sooner kill only.
+        If so, `arm` with that much slack would send a kill sooner than the
+        one armed only, and a deadline at ``not_after`` is not one.
         """
         with self._lock:
-            return self._deadline is not None and self._deadline - time.monotonic() > seconds
+            deadline = self._deadline
+            return (
+                deadline is not None
+                and deadline - time.monotonic() > seconds
+                and (not_after is None or deadline <= not_after)
+            )
 
     def gone(self, pid: int) -> None:
         """A task process has ended (call before it is reaped, so its pid is not reused meanwhile)."""

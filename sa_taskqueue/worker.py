@@ -64,8 +64,10 @@ logger = logging.getLogger("sa_taskqueue")
 MAX_ERROR_BACKOFF = 30.0
 #: The first poll after a claim came back short; doubled up to ``poll_interval``.
 MIN_POLL_INTERVAL = 0.05
-#: How long a success waits, at most, for the worker's other running slots
-#: so that their successes are written in the same statement (seconds).
+#: How long a stopping worker waits, at least, for the successes still to be written.
+CLOSE_TIMEOUT = 10.0
+#: How long a success waits, at most, for the other tasks the worker has
+#: claimed, so that their successes are written in the same statement (seconds).
 DEFAULT_COMPLETION_DELAY = 0.005
 
 T = TypeVar("T")
@@ -116,15 +118,18 @@ class Worker:
     so the process should exit then, as the command line does.
     ``on_start``, ``on_success`` and ``on_failure`` are called around each
     task, for metrics or error reporting; an exception in a hook is logged and
-    ignored.
+    ignored.  ``on_success`` is called, in the task's thread, once its success
+    is written; without it, that thread moves on to the next task while the
+    success waits to be written with others'.
 
     The worker claims only tasks whose names it has registered: a task of a
     newer release stays queued for the workers that know it.
 
     ``completion_delay`` (seconds) is how long a success may wait for the
-    tasks still running in other slots, so that they are completed in one
-    statement (`sa_taskqueue.completions`); it never waits once no other slot
-    runs.  0 writes each batch as soon as no write is under way.
+    other tasks claimed and not finished, so that they are completed in one
+    statement (`sa_taskqueue.completions`); it never waits once none is left.
+    0 writes each batch as soon as no write is under way.  Either way a slot
+    is freed, for another claim, only once its outcome is written.
 
     With ``watchdog`` (the default) a process of its own (`sa_taskqueue.watchdog`)
     kills this process and its task processes if the leases of running tasks
@@ -282,10 +287,13 @@ class Worker:
                 self._drain()
         finally:
             self._stopped.set()
-            # Writes what still waits (nothing, unless slots were given back meanwhile).
-            self._completions.close(timeout=self.queue.lease.total_seconds())
             with self._lock:
                 self._arm_locked(exact=True)  # the heartbeat, which would, has stopped
+            # Writes the successes still waiting: those of slots left when the
+            # shutdown timeout ran out, their runs over (see _drain).
+            self._completions.close(timeout=max(self.shutdown_timeout, CLOSE_TIMEOUT))
+            with self._lock:
+                self._arm_locked(exact=True)
             # Threads of tasks given back may still run; nothing waits for them.
             pool.shutdown(wait=False, cancel_futures=True)
             for thread in background:
@@ -379,14 +387,16 @@ class Worker:
                 continue
             error_backoff = 0.0
             self._database_back()
-            for task in claimed:
-                slot = _Running(task, renewed_at=sent_at)
+            slots = [_Running(task, renewed_at=sent_at) for task in claimed]
+            if slots:
                 with self._lock:
-                    # Armed before the task can start: its lease runs from the claim.
-                    self._arm_locked(extra=slot)
-                self._completions.begin()  # ended by its success, or by _no_success
-                with self._lock:
-                    self._running[id(slot)] = slot
+                    # Armed before a task can start: their leases run from the claim.
+                    self._arm_locked(extra=slots[0])
+                    for slot in slots:
+                        self._running[id(slot)] = slot
+                # Each ended by its success, or by _no_success; all before any can end.
+                self._completions.begin(len(slots))
+            for slot in slots:
                 future = pool.submit(self._execute, slot)
                 future.add_done_callback(partial(self._thread_done, slot))
             if len(claimed) == free:
@@ -418,7 +428,8 @@ class Worker:
             self._free(slot)
         elif future.exception() is not None:
             logger.error("a task slot ended with an error: %r", future.exception())
-            self._free(slot)
+            if not slot.handed_off:  # (else its write frees it)
+                self._free(slot)
 
     def _free(self, slot: _Running) -> None:
         """The slot's task is done with, its outcome written: another may be claimed for it."""
@@ -443,13 +454,17 @@ class Worker:
         self._wake.set()
 
     def _drain(self) -> None:
-        """Let running tasks finish within ``shutdown_timeout``, then give back the rest."""
+        """Let running tasks finish within ``shutdown_timeout``, then give back the rest.
+
+        A task whose run is over, its outcome still being written, is not
+        given back: its success would then be refused, and it would run again.
+        """
         deadline = time.monotonic() + self.shutdown_timeout
         while self._running and time.monotonic() < deadline:
             self._wake.wait(min(0.1, max(deadline - time.monotonic(), 0)))
             self._wake.clear()
         with self._lock:
-            leftover = list(self._running.values())
+            leftover = [slot for slot in self._running.values() if not slot.finished]
         self.abandoned = len(leftover)
         for slot in leftover:
             with slot.lock:
@@ -721,10 +736,13 @@ class Worker:
             return
         lease = self.queue.lease.total_seconds()
         slack = None if exact else 2 * heartbeat_interval(lease)
-        if slack is not None and self._watchdog.armed_beyond(slack):
-            # Every lease guarded ends no sooner than the kill armed (a new
-            # claim's ends after every earlier one's), so nothing would be
-            # sent: the work of finding the first is skipped.
+        if slack is not None and self._watchdog.armed_beyond(
+            slack, not_after=kill_at(extra.renewed_at, lease) if extra else None
+        ):
+            # Slots only leave, finish or lose their lease between exact arms,
+            # which moves no lease sooner; a claim's lease (``extra``) ends no
+            # sooner than the kill armed: nothing would be sent, so the work
+            # of finding the first lease to end is skipped.
             return
         guarded = [
             slot.renewed_at

@@ -154,3 +154,20 @@ def test_a_batch_whose_write_fails_is_written_one_by_one_and_each_is_told() -> N
         assert recorded == {1: None, 2: None}  # each write reports for itself
     finally:
         completions.close(timeout=30)
+
+
+def test_closing_while_a_slot_writes_its_batch_returns_once_that_write_is_done() -> None:
+    writes = Writes()
+    completions = Completions(writes.many, writes.one, delay=600)
+    completions.start()
+    completions.begin()
+    writes.may_write.clear()
+    slot = threading.Thread(target=completions.record, args=(claimed(1), None))
+    slot.start()  # the batch is due at once: written on the slot's own thread
+    assert writes.writing.wait(30), "the slot's write is under way"
+    closer = threading.Thread(target=completions.close, kwargs={"timeout": 60})
+    closer.start()
+    writes.may_write.set()
+    wait_until(lambda: not closer.is_alive(), 10, "close() to return once the slot's write is done")
+    slot.join(30)
+    assert [ids for ids, _ in writes.batches] == [[1]]
