@@ -9,7 +9,8 @@ database.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
@@ -56,15 +57,25 @@ class Writes:
         self.batches.append(([task.id], threading.current_thread().name))
 
 
+@contextmanager
+def serving(writes: Writes, delay: float, write_many: Any = None) -> Iterator[Completions]:
+    """Completions writing through ``writes`` (or ``write_many``), their thread started, closed after."""
+    completions = Completions(write_many or writes.many, writes.one, delay=delay)
+    completions.start()
+    try:
+        yield completions
+    finally:
+        writes.may_write.set()
+        completions.close(timeout=30)
+
+
 def told(into: dict[int, bool | None], task_id: int) -> Any:
     return lambda recorded: into.__setitem__(task_id, recorded)
 
 
 def test_the_last_success_of_a_claimed_batch_writes_it_in_one_statement_on_its_own_thread() -> None:
     writes = Writes()
-    completions = Completions(writes.many, writes.one, delay=600)
-    completions.start()
-    try:
+    with serving(writes, 600) as completions:
         for _ in range(3):
             completions.begin()
         recorded: dict[int, bool | None] = {}
@@ -74,15 +85,11 @@ def test_the_last_success_of_a_claimed_batch_writes_it_in_one_statement_on_its_o
         completions.hand_off(claimed(3), None, told(recorded, 3))
         assert writes.batches == [([1, 2, 3], threading.current_thread().name)]
         assert recorded == {1: True, 2: True, 3: True}
-    finally:
-        completions.close(timeout=30)
 
 
 def test_a_success_waits_for_a_task_still_running_no_longer_than_the_delay() -> None:
     writes = Writes()
-    completions = Completions(writes.many, writes.one, delay=0.05)
-    completions.start()
-    try:
+    with serving(writes, 0.05) as completions:
         completions.begin()
         completions.begin()  # never ends during the test
         recorded: dict[int, bool | None] = {}
@@ -90,15 +97,11 @@ def test_a_success_waits_for_a_task_still_running_no_longer_than_the_delay() -> 
         wait_until(lambda: recorded, 30, "the writing thread to write the lone success after the delay")
         assert recorded == {1: True}
         assert writes.batches == [([1], "sa_taskqueue-completions")]
-    finally:
-        completions.close(timeout=30)
 
 
 def test_successes_ending_during_a_write_go_together_in_the_next() -> None:
     writes = Writes()
-    completions = Completions(writes.many, writes.one, delay=600)
-    completions.start()
-    try:
+    with serving(writes, 600) as completions:
         completions.begin()
         completions.begin()
         writes.may_write.clear()
@@ -116,9 +119,6 @@ def test_successes_ending_during_a_write_go_together_in_the_next() -> None:
         first.join(30)
         wait_until(lambda: len(recorded) == 2, 30, "the second batch")
         assert [ids for ids, _ in writes.batches] == [[1], [3, 4]]
-    finally:
-        writes.may_write.set()
-        completions.close(timeout=30)
 
 
 def test_closing_writes_what_waits_and_a_success_after_closing_is_written_at_once() -> None:
@@ -142,9 +142,7 @@ def test_a_batch_whose_write_fails_is_written_one_by_one_and_each_is_told() -> N
         raise RuntimeError("injected: the batch write fails")
 
     writes = Writes()
-    completions = Completions(fails, writes.one, delay=600)
-    completions.start()
-    try:
+    with serving(writes, 600, fails) as completions:
         completions.begin()
         completions.begin()
         recorded: dict[int, bool | None] = {}
@@ -152,8 +150,6 @@ def test_a_batch_whose_write_fails_is_written_one_by_one_and_each_is_told() -> N
         completions.hand_off(claimed(2), None, told(recorded, 2))
         assert [ids for ids, _ in writes.batches] == [[1], [2]]
         assert recorded == {1: None, 2: None}  # each write reports for itself
-    finally:
-        completions.close(timeout=30)
 
 
 def test_closing_while_a_slot_writes_its_batch_returns_once_that_write_is_done() -> None:

@@ -181,20 +181,27 @@ def test_a_success_waits_for_a_slot_still_running_and_they_go_in_one_statement(
         assert len(completions) == 1, completions
 
 
+def hold_success_writes(
+    queue: tq.TaskQueue, monkeypatch: pytest.MonkeyPatch
+) -> tuple[threading.Event, threading.Event]:
+    """Hold every write of successes until the second event is set; the first is set once one is held."""
+    writing, write_may_go = threading.Event(), threading.Event()
+    real_complete_many = queue.complete_many
+
+    def held_write(claimed: list[tq.ClaimedTask], results: object = None) -> set[int]:
+        writing.set()
+        write_may_go.wait(60)
+        return real_complete_many(claimed, results)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(queue, "complete_many", held_write)
+    return writing, write_may_go
+
+
 @pytest.mark.requires("claims_ahead")
 def test_a_task_claimed_ahead_is_given_back_unstarted_when_the_worker_stops(
     queue: tq.TaskQueue, engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    write_may_go = threading.Event()
-    writing = threading.Event()
-    real_complete_many = queue.complete_many
-
-    def slow_write(claimed: list[tq.ClaimedTask], results: object = None) -> set[int]:
-        writing.set()
-        write_may_go.wait(60)  # the first success's write is still on its way
-        return real_complete_many(claimed, results)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(queue, "complete_many", slow_write)
+    writing, write_may_go = hold_success_writes(queue, monkeypatch)
     with Session(engine) as session:
         first = queue.enqueue(session, "record", {"key": 1}, priority=0)
         session.commit()
@@ -228,16 +235,7 @@ def test_a_task_claimed_ahead_is_given_back_unstarted_when_the_worker_stops(
 def test_a_slot_whose_success_another_slot_writes_runs_a_task_claimed_ahead_meanwhile(
     queue: tq.TaskQueue, engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    write_may_go = threading.Event()
-    writing = threading.Event()
-    real_complete_many = queue.complete_many
-
-    def slow_write(claimed: list[tq.ClaimedTask], results: object = None) -> set[int]:
-        writing.set()
-        write_may_go.wait(60)  # the batch's write is still on its way
-        return real_complete_many(claimed, results)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(queue, "complete_many", slow_write)
+    writing, write_may_go = hold_success_writes(queue, monkeypatch)
     with Session(engine) as session:
         batch = queue.enqueue_many(session, "record", [{"key": 1}, {"key": 2}])
         session.commit()
