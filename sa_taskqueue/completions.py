@@ -52,15 +52,15 @@ class _Waiting:
 
 
 class Completions:
-    """Gathers the successes of a worker's slots into shared statements, written by a thread of its own.
+    """Gathers the successes of a worker's slots into shared statements.
 
     The worker says when a task is claimed for a slot (`begin`) and when it
     ends without a success to write (`end_without_success`); `hand_off` or
     `record` ends it with one.  The tasks begun and not ended are the
     successes that may still join a batch.  ``delay`` bounds how long a
     success waits for them; 0 writes each batch as soon as no write is
-    under way.  `start` starts the writing thread; `close` writes what
-    waits and stops it.
+    under way.  `start` starts the thread that writes the batches no
+    success completes in time; `close` writes what waits and stops it.
     """
 
     def __init__(
