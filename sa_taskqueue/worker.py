@@ -91,7 +91,7 @@ class _Running:
     #: claimed batch wait for the tasks whose threads have not taken them up yet.)
     reported: bool = False
     writing: bool = False  # its success is in a statement on its way
-    #: Its success was handed to the completions' thread, which frees the slot once it is written.
+    #: Its success was handed over to be written with others'; the slot is freed once it is.
     handed_off: bool = False
     finished: bool = False  # the run is over; only its outcome is being written
     completing: bool = False  # its success waits in, or is in, a batch being written
@@ -786,7 +786,7 @@ class Worker:
         return False
 
     def _written(self, slot: _Running, recorded: bool | None) -> None:
-        """A success handed over is written (on the completions' thread): free its slot."""
+        """A success handed over is written (on whichever thread wrote it): free its slot."""
         slot.writing = False
         slot.completing = False
         if recorded is False:
