@@ -87,6 +87,34 @@ def test_tasks_finishing_together_are_recorded_in_fewer_statements_each_before_i
         assert 0 < len(completions) < slots, completions
 
 
+@pytest.mark.backends("sqlite", "mysql", "mariadb")  # (PostgreSQL claims ahead during the write, by design)
+def test_with_no_hooks_a_slot_is_freed_for_the_next_claim_only_once_its_success_is_written(
+    queue: tq.TaskQueue, engine: sa.Engine
+) -> None:
+    slots = 2
+    with Session(engine) as session:
+        queue.enqueue_many(session, "record", [{"key": n} for n in range(8)])
+        session.commit()
+    started: list[int] = []
+    unwritten_when_started: list[list[int]] = []
+
+    def on_start(task: tq.ClaimedTask) -> None:
+        # With no on_success hook, a slot's thread hands its success over and
+        # is free at once; the slot is not, until that success is written.
+        unwritten_when_started.append(
+            [i for i in started if task_row(engine, i).status != tq.TaskStatus.COMPLETED]
+        )
+        started.append(task.id)
+
+    # A success waits for the other slot's, whose thread writes both.
+    worker = queue.run_worker(
+        concurrency=slots, burst=True, poll_interval=0.05, completion_delay=600, on_start=on_start
+    )
+    assert worker.processed == 8
+    # Never more tasks claimed and not written than slots: each start leaves room for itself.
+    assert max(len(unwritten) for unwritten in unwritten_when_started) <= slots - 1, unwritten_when_started
+
+
 def test_successes_of_slots_finishing_together_go_in_one_statement_while_none_is_left_running(
     queue: tq.TaskQueue, engine: sa.Engine
 ) -> None:
