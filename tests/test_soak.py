@@ -32,7 +32,7 @@ def test_a_small_soak_kills_a_worker_and_passes(tmp_path: Path) -> None:
             "--backends",
             "sqlite",
             "--tasks",
-            "200",
+            "2000",
             "--faults",
             "sigkill",
             "--lease",
@@ -55,5 +55,5 @@ def test_a_small_soak_kills_a_worker_and_passes(tmp_path: Path) -> None:
     assert (run["backend"], run["fault"], run["passed"]) == ("sqlite", "sigkill", True)
     assert run["injections"], "the fault struck at least once"
     assert run["worker_restarts"] == len(run["injections"]), "each killed worker was replaced"
-    assert run["executions"] >= 200 and run["lost"] == 0 and run["left_running"] == 0
-    assert run["statuses_at_end"] == {"completed": 200}
+    assert run["executions"] >= 2000 and run["lost"] == 0 and run["left_running"] == 0
+    assert run["statuses_at_end"] == {"completed": 2000}
