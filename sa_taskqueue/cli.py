@@ -289,7 +289,7 @@ WORKER_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
         default=DEFAULT_COMPLETION_DELAY,
         show_default=True,
         type=cli_params.COMPLETION_DELAY,
-        help="Seconds a success may wait for the slots still running, to share their statement (0: none).",
+        help="Seconds a success may wait for the other tasks claimed, to share their statement (0: none).",
     ),
     click.option(
         "--no-listen",

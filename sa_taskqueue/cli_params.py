@@ -207,7 +207,7 @@ DEMO_WORKERS = BoundedInt(1, 64)
 POLL_INTERVAL = BoundedFloat(0.001, MAX_WAIT_SECONDS)
 #: ``--shutdown-timeout``: how long running tasks get after SIGTERM.
 SHUTDOWN_TIMEOUT = BoundedFloat(0.0, MAX_WAIT_SECONDS)
-#: ``--completion-delay``: how long a success waits for the other slots' (a minute at most).
+#: ``--completion-delay``: how long a success waits for the other tasks claimed (a minute at most).
 COMPLETION_DELAY = BoundedFloat(0.0, 60.0)
 DURATION = Duration()
 #: ``list --limit``: rows shown at once.

@@ -10,13 +10,15 @@ straddle; it never waits once none is left, so a lone slot writes at once.
 While one statement is on its way, the successes finishing behind it gather
 into the next.
 
-The success that completes a batch writes it on its own thread; a batch
-whose delay runs out, or that waited behind another's write, is written by
-a thread of the worker's own.  The other slots hand their successes over
-and their threads move on (`hand_off`), told once written, on whichever
-thread wrote them; or they wait for that (`record`).  Either way the worker frees
-a slot only once its own outcome is written, so a freed slot always means a
-recorded outcome.
+A success that finds its batch due (none left to wait for, or the delay
+over) writes it on its own thread; a batch whose delay runs out with no
+success arriving, or that waited behind another's write, is written by a
+thread of the worker's own.  The other slots hand their successes over and
+their threads move on (`hand_off`), told once written, on whichever thread
+wrote them; or they wait for that (`record`).  Either way the worker frees a
+slot only once the write of its outcome is over, so a freed slot means an
+outcome written, or one the database could not be reached to write (the
+task then runs again after its lease).
 """
 
 from __future__ import annotations

@@ -119,8 +119,8 @@ class Worker:
     ``on_start``, ``on_success`` and ``on_failure`` are called around each
     task, for metrics or error reporting; an exception in a hook is logged and
     ignored.  ``on_success`` is called, in the task's thread, once its success
-    is written; without it, that thread moves on to the next task while the
-    success waits to be written with others'.
+    is written; without it, a task's thread is free at once while its success
+    waits to be written with others' (the slot is freed once it is written).
 
     The worker claims only tasks whose names it has registered: a task of a
     newer release stays queued for the workers that know it.
@@ -286,14 +286,17 @@ class Worker:
             finally:
                 self._drain()
         finally:
+            with self._lock:
+                self._arm_locked(exact=True)  # (slots that finished may have held a disarm back)
+            # Writes the successes still waiting: those of slots left when the
+            # shutdown timeout ran out, their runs over (see _drain); through
+            # an outage too, until the close times out and _stopped is set.
+            self._completions.close(timeout=max(self.shutdown_timeout, CLOSE_TIMEOUT))
             self._stopped.set()
             with self._lock:
                 self._arm_locked(exact=True)  # the heartbeat, which would, has stopped
-            # Writes the successes still waiting: those of slots left when the
-            # shutdown timeout ran out, their runs over (see _drain).
-            self._completions.close(timeout=max(self.shutdown_timeout, CLOSE_TIMEOUT))
-            with self._lock:
-                self._arm_locked(exact=True)
+                # Threads still busy: given back and running on, or stuck writing.
+                self.abandoned = len(self._running)
             # Threads of tasks given back may still run; nothing waits for them.
             pool.shutdown(wait=False, cancel_futures=True)
             for thread in background:
@@ -464,11 +467,15 @@ class Worker:
             self._wake.wait(min(0.1, max(deadline - time.monotonic(), 0)))
             self._wake.clear()
         with self._lock:
+            # Decided under the lock _finished takes: a task is either given
+            # back here or, finished first, has its outcome written.
             leftover = [slot for slot in self._running.values() if not slot.finished]
+            for slot in leftover:
+                with slot.lock:
+                    slot.given_back = True
         self.abandoned = len(leftover)
         for slot in leftover:
             with slot.lock:
-                slot.given_back = True
                 if slot.child is not None:
                     slot.child.kill()
                 if slot.coroutine is not None:
@@ -597,8 +604,8 @@ class Worker:
                 )
             else:
                 outcome = run_in_thread(registered.func, task.params, registered.options.timeout)
-        self._finished(slot)
-        if slot.given_back or isinstance(outcome.error, GivenBack) or outcome.committed is False:
+        given_back = self._finished(slot)
+        if given_back or isinstance(outcome.error, GivenBack) or outcome.committed is False:
             return
         duration = time.monotonic() - slot.started
         if outcome.error is None:
@@ -719,11 +726,15 @@ class Worker:
         )
         self.stop()
 
-    def _finished(self, slot: _Running) -> None:
-        """The run is over: its lease no longer needs guarding, only its outcome writing."""
+    def _finished(self, slot: _Running) -> bool:
+        """The run is over: its lease no longer needs guarding, only its outcome writing.
+
+        True if it was given back meanwhile: then nothing of it is to be written.
+        """
         with self._lock:
             slot.finished = True
             self._arm_locked()
+            return slot.given_back
 
     def _arm_locked(self, extra: _Running | None = None, *, exact: bool = False) -> None:
         """Tell the watchdog when the first lease of a running task would end unrenewed (under ``_lock``).

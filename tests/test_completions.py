@@ -163,6 +163,9 @@ def test_closing_while_a_slot_writes_its_batch_returns_once_that_write_is_done()
     assert writes.writing.wait(30), "the slot's write is under way"
     closer = threading.Thread(target=completions.close, kwargs={"timeout": 60})
     closer.start()
+    # Released only once the close is asked for, so the write ends after it.
+    wait_until(lambda: completions._closing, 10, "the close to be asked for")
+    assert closer.is_alive(), "close() waits for the write on its way"
     writes.may_write.set()
     wait_until(lambda: not closer.is_alive(), 10, "close() to return once the slot's write is done")
     slot.join(30)
