@@ -292,6 +292,43 @@ def test_a_slot_whose_success_another_slot_writes_runs_a_task_claimed_ahead_mean
     assert (worker.processed, worker.given_back) == (3, 0)
 
 
+def test_at_the_shutdown_timeout_a_finished_task_is_completed_and_only_the_running_one_given_back(
+    queue: tq.TaskQueue, engine: sa.Engine
+) -> None:
+    long_may_end = threading.Event()
+
+    @queue.task(name="long")
+    def long_task() -> str:
+        long_may_end.wait(120)
+        return "long"
+
+    @queue.task(name="quick")
+    def quick_task() -> str:
+        return "quick"
+
+    with Session(engine) as session:
+        long = queue.enqueue(session, "long", {})
+        quick = queue.enqueue(session, "quick", {})
+        session.commit()
+        long_id, quick_id = long.id, quick.id
+    # The quick success waits for the long task (well within the delay) when the stop comes.
+    worker = tq.Worker(queue, concurrency=2, poll_interval=0.05, completion_delay=600, shutdown_timeout=0.2)
+    runner = threading.Thread(target=worker.run)
+    runner.start()
+    try:
+        wait_until(lambda: worker.processed == 1, 30, "the quick task to finish")
+        assert task_row(engine, quick_id).status == tq.TaskStatus.RUNNING, "its success waits for the batch"
+        worker.stop()
+        runner.join(timeout=60)
+        assert not runner.is_alive()
+    finally:
+        long_may_end.set()
+    assert task_row(engine, quick_id).status == tq.TaskStatus.COMPLETED
+    long_row = task_row(engine, long_id)
+    assert (long_row.status, long_row.attempts) == (tq.TaskStatus.QUEUED, 0)
+    assert (worker.given_back, worker.abandoned) == (1, 1)
+
+
 @pytest.mark.parametrize("delay", [-0.001, float("nan"), float("inf"), "0.005", None, True])
 def test_a_completion_delay_that_is_not_a_number_of_seconds_is_refused(
     queue: tq.TaskQueue, delay: object
