@@ -132,19 +132,27 @@ def test_successes_of_slots_finishing_together_go_in_one_statement_while_none_is
         assert len(completions) == 1, completions
 
 
-def test_a_success_waits_for_a_slot_still_running_no_longer_than_the_completion_delay(
-    queue: tq.TaskQueue, engine: sa.Engine
-) -> None:
-    long_may_end = threading.Event()
+def long_and_quick_tasks(queue: tq.TaskQueue) -> tuple[threading.Event, threading.Event]:
+    """Register "long", which returns once the first event is set, and "quick", which sets the second."""
+    long_may_end, quick_returned = threading.Event(), threading.Event()
 
     @queue.task(name="long")
-    def long_task() -> None:
+    def long_task() -> str:
         long_may_end.wait(120)
+        return "long"
 
     @queue.task(name="quick")
     def quick_task() -> str:
-        return "done"
+        quick_returned.set()
+        return "quick"
 
+    return long_may_end, quick_returned
+
+
+def test_a_success_waits_for_a_slot_still_running_no_longer_than_the_completion_delay(
+    queue: tq.TaskQueue, engine: sa.Engine
+) -> None:
+    long_may_end, _ = long_and_quick_tasks(queue)
     with Session(engine) as session:
         long = queue.enqueue(session, "long", {})
         session.commit()
@@ -175,19 +183,7 @@ def test_a_success_waits_for_a_slot_still_running_no_longer_than_the_completion_
 def test_a_success_waits_for_a_slot_still_running_and_they_go_in_one_statement(
     queue: tq.TaskQueue, engine: sa.Engine
 ) -> None:
-    quick_returned = threading.Event()
-    long_may_end = threading.Event()
-
-    @queue.task(name="long")
-    def long_task() -> str:
-        long_may_end.wait(120)
-        return "long"
-
-    @queue.task(name="quick")
-    def quick_task() -> str:
-        quick_returned.set()
-        return "quick"
-
+    long_may_end, quick_returned = long_and_quick_tasks(queue)
     with Session(engine) as session:
         queue.enqueue(session, "long", {})
         queue.enqueue(session, "quick", {})
@@ -295,17 +291,7 @@ def test_a_slot_whose_success_another_slot_writes_runs_a_task_claimed_ahead_mean
 def test_at_the_shutdown_timeout_a_finished_task_is_completed_and_only_the_running_one_given_back(
     queue: tq.TaskQueue, engine: sa.Engine
 ) -> None:
-    long_may_end = threading.Event()
-
-    @queue.task(name="long")
-    def long_task() -> str:
-        long_may_end.wait(120)
-        return "long"
-
-    @queue.task(name="quick")
-    def quick_task() -> str:
-        return "quick"
-
+    long_may_end, _ = long_and_quick_tasks(queue)
     with Session(engine) as session:
         long = queue.enqueue(session, "long", {})
         quick = queue.enqueue(session, "quick", {})
