@@ -56,6 +56,16 @@ def advisory_lock_is_free(engine: sa.Engine, table: sa.Table, task_id: int) -> b
     return taken == [task_id]
 
 
+def drop_the_lock_holder(holder: tq.TaskQueue, engine: sa.Engine, task_id: int) -> None:
+    """Close ``holder``'s advisory-lock connections and wait for the server to let ``task_id``'s lock go.
+
+    The server drops a closed connection's locks once its backend has seen
+    the close, a moment later: a recovery pass must not run before that.
+    """
+    holder.close()  # the strategy's connections, through the queue (on an async engine, its loop)
+    wait_until(lambda: advisory_lock_is_free(engine, holder.table, task_id), 30, "the lock to go")
+
+
 def test_claim_marks_the_task_running_under_a_lease(
     clocked_queue: tq.TaskQueue, engine: sa.Engine, clock: MovableClock
 ) -> None:
@@ -214,10 +224,7 @@ def test_a_worker_that_lost_its_task_cannot_overwrite_the_new_holders_outcome(
     if strategy_name == "advisory_lock":
         # Advisory locks outlive any lease: the task is lost when the holder's
         # lock goes, as when its connection drops.
-        queue.close()  # the strategy's connections, through the queue (on an async engine, its loop)
-        # The server drops a closed connection's locks when its backend has
-        # seen the close, a moment later: the recovery pass must not run first.
-        wait_until(lambda: advisory_lock_is_free(engine, queue.table, task_id), 30, "the lock to go")
+        drop_the_lock_holder(queue, engine, task_id)
     let_the_claim_go(queue, clock, strategy_name, lease)
     [second] = queue.claim(worker_id="second")
     assert (second.id, second.attempts) == (task_id, 2)
@@ -268,7 +275,7 @@ def test_complete_many_writes_only_the_tasks_still_held_each_with_its_result(
     loser = make_queue(engine, strategy_name, lease, clock.now)
     [lost] = loser.claim(worker_id="first")
     if strategy_name == "advisory_lock":
-        loser.close()  # the lock, not the lease, says who holds the task
+        drop_the_lock_holder(loser, engine, lost_id)  # the lock, not the lease, says who holds the task
     let_the_claim_go(queue, clock, strategy_name, lease)
     [second] = queue.claim(worker_id="second")
     assert second.id == lost_id
@@ -299,7 +306,7 @@ def test_complete_many_never_counts_the_new_holders_completion_as_its_own(
     loser = make_queue(engine, strategy_name, lease, clock.now)
     [lost] = loser.claim(worker_id="first")
     if strategy_name == "advisory_lock":
-        loser.close()
+        drop_the_lock_holder(loser, engine, lost_id)
     let_the_claim_go(queue, clock, strategy_name, lease)
     [second] = queue.claim(worker_id="second")
     [kept] = queue.claim(worker_id="first")

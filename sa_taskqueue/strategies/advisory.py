@@ -2,8 +2,9 @@
 
 A claimed task is owned by a session-level advisory lock held, for the whole
 run of the task, on a connection kept open for it.  When the worker process
-dies its connection closes, the server drops the lock at once, and the next
-recovery pass gives the task back without waiting for the lease.
+dies its connection closes, the server drops the lock as soon as it has seen
+the close, and the next recovery pass gives the task back without waiting
+for the lease.
 
 A lock function placed in a WHERE clause may be evaluated on more rows than the
 LIMIT lets through, leaving locks nobody knows they hold.  So candidates are
