@@ -27,6 +27,7 @@ from rich.console import Console
 from rich.table import Table
 
 from benchmarks.backends import BenchBackend, backend
+from benchmarks.batching import DELAYS, DRAIN_SLOTS, PROBE_SLOTS, WORKLOADS, beside_a_slow_task, timed_drain
 from benchmarks.controls import DRAINS, LIMIT, LIMITED_EVERY, PAUSED_TASKS, TASKS_PER_KEY, controls_drain
 from benchmarks.depth import claim_latencies, claim_plan
 from benchmarks.drain import DrainResult, drain
@@ -36,7 +37,7 @@ from benchmarks.peers import IMPLEMENTATIONS, PEERS, missing_peers, worker_drain
 from benchmarks.raw_batch import QUEUE_BATCH, RAW_BATCH
 
 RESULTS = Path("benchmarks/results")
-SECTIONS = ("drain", "enqueue", "latency", "peers", "depth", "controls")
+SECTIONS = ("drain", "enqueue", "latency", "peers", "depth", "controls", "batching")
 
 
 def spread(values: list[float]) -> dict[str, float]:
@@ -439,6 +440,90 @@ def depth_section(run: Run) -> dict[str, Any]:
     return {"depth": rows, "plans": plans}
 
 
+def batching_section(run: Run) -> dict[str, Any]:
+    """What waiting for a batch costs a success: completion_delay at 0, 1 ms (the default) and 5 ms.
+
+    Drain rates are medians (min-max) over the repeats, the delays taking
+    turns; statements and waits are medians over the repeats too.
+    """
+    samples = run.args.latency_samples
+    mixed = new_table(
+        f"drains on {DRAIN_SLOTS} slots, median (min-max) of {run.args.repeats}; "
+        "ms from a task's end to its success's statement",
+        (
+            "backend",
+            "tasks",
+            "completion_delay ms",
+            "tasks/s",
+            "statements",
+            "wait p50",
+            "wait p95",
+            "wait max",
+            "all once",
+        ),
+    )
+    beside = new_table(
+        f"beside a slow task: {samples} no-op probes, {PROBE_SLOTS} slots, one busy throughout; "
+        "ms from commit()",
+        (
+            "backend",
+            "completion_delay ms",
+            "pickup p50",
+            "result p50",
+            "result p95",
+            "wait p50",
+            "wait max",
+            "all once",
+        ),
+    )
+    rows = []
+    for target in run.backends:
+        for label, tasks, longest_ms in WORKLOADS:
+            runs: dict[float, list[dict[str, Any]]] = {delay: [] for delay in DELAYS}
+            for _ in range(run.args.repeats):
+                for delay in DELAYS:  # taking turns, as the drains do
+                    runs[delay].append(timed_drain(target.url, delay, tasks, longest_ms))
+            for delay, drains in runs.items():
+                row = {
+                    "backend": target.name,
+                    "section": "drain",
+                    "tasks": label,
+                    "delay_ms": delay * 1000,
+                    "rate": spread([drained["rate"] for drained in drains]),
+                    "statements": statistics.median(drained["statements"] for drained in drains),
+                    "wait": {
+                        key: statistics.median(drained["wait"][key] for drained in drains)
+                        for key in ("p50", "p95", "max")
+                    },
+                    "exactly_once": all(drained["exactly_once"] for drained in drains),
+                }
+                rows.append(row)
+                mixed.add_row(
+                    target.name,
+                    f"{tasks:,} {label}",
+                    f"{delay * 1000:g}",
+                    fmt(row["rate"]),
+                    f"{row['statements']:,.0f}",
+                    *(f"{row['wait'][k]:.1f}" for k in ("p50", "p95", "max")),
+                    yes_no(row["exactly_once"]),
+                )
+        for delay in DELAYS:
+            probed = beside_a_slow_task(target.url, delay, samples)
+            rows.append({"backend": target.name, "section": "beside_slow", **probed})
+            ms = f"{delay * 1000:g}"
+            beside.add_row(
+                target.name,
+                ms,
+                f"{probed['pickup']['p50']:.1f}",
+                *(f"{probed['result'][k]:.1f}" for k in ("p50", "p95")),
+                *(f"{probed['wait'][k]:.1f}" for k in ("p50", "max")),
+                yes_no(probed["exactly_once"]),
+            )
+    run.console.print(mixed)
+    run.console.print(beside)
+    return {"batching": rows}
+
+
 SECTION_RUNNERS: dict[str, Callable[[Run], dict[str, Any]]] = {
     "drain": drain_section,
     "enqueue": enqueue_section,
@@ -446,6 +531,7 @@ SECTION_RUNNERS: dict[str, Callable[[Run], dict[str, Any]]] = {
     "peers": peers_section,
     "depth": depth_section,
     "controls": controls_section,
+    "batching": batching_section,
 }
 
 
