@@ -22,7 +22,7 @@ Three rules keep that safe:
   handling on checkout), so no connection is ever used from two loops.
   Queues sharing an engine share its own loop, and so its connections.
 - **One queue call at a time per loop.**  The strategies hold
-  ``threading.Lock`` s (the kept connection, the compiled-statement cache)
+  ``threading.Lock`` s (an advisory claim's connection, for one)
   around I/O.  Two greenlets on one loop thread contending for such a lock
   would block the thread that should wake the holder: a deadlock.  An
   `asyncio.Lock` per loop lets one queue greenlet run at a time.  They are

@@ -1,7 +1,7 @@
 """`StatementExecutor`: the connections and compiled statements a claim strategy runs its SQL with.
 
 One object with its own state: the statements compiled per dialect and table
-(`PreparedStatement`), and the connection kept per engine for hot statements
+(`PreparedStatement`), and the connections kept per engine for hot statements
 (`KeptConnection`).  How a statement or a transaction is run on a database is
 its backend's word (autocommit single statements, a write lock taken at
 BEGIN); the executor only carries it out.
@@ -73,7 +73,7 @@ class StatementExecutor:
         take a pooled connection, except where the backend must take its
         write lock at BEGIN: that BEGIN is sent on the kept autocommit
         connection, with the driver's own transaction handling out of the way.
-        Elsewhere it is the kept connection, in a transaction of its own.
+        Elsewhere it is a kept connection, in a transaction of its own.
         """
         backend = backend_for(engine.dialect)
         if backend.write_begin is not None:

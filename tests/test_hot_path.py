@@ -9,6 +9,7 @@ and pools that share one DBAPI connection are left as they were.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from datetime import datetime, timedelta, timezone
@@ -18,6 +19,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 import sa_taskqueue as tq
+from sa_taskqueue.kept_connection import KEEP
 from tests.app import make_queue
 from tests.backends import Backend
 from tests.helpers import enqueue_records as enqueue
@@ -57,7 +59,7 @@ def test_claimed_rows_read_back_as_through_sqlalchemy(queue: tq.TaskQueue, engin
     assert task_row(engine, task_id).result == {"answer": "é", "n": [1, 2]}
 
 
-def test_a_claim_finds_the_kept_connection_lent_out_and_takes_a_pooled_one(
+def test_a_claim_finds_every_kept_connection_lent_out_and_takes_a_pooled_one(
     queue: tq.TaskQueue, engine: sa.Engine
 ) -> None:
     [task_id] = enqueue(queue, engine, 1)
@@ -67,13 +69,42 @@ def test_a_claim_finds_the_kept_connection_lent_out_and_takes_a_pooled_one(
         [claimed] = queue.claim()
         outcome.append(queue.complete(claimed))
 
-    with queue.strategy.executor.single_statement(engine):
+    with contextlib.ExitStack() as loans:
+        for _ in range(KEEP):
+            loans.enter_context(queue.strategy.executor.single_statement(engine))
         other = threading.Thread(target=claim_and_complete)
         other.start()
         other.join(timeout=30)
-        assert not other.is_alive(), "the claim waited for the thread holding the kept connection"
+        assert not other.is_alive(), "the claim waited for a thread holding a kept connection"
     assert outcome == [True]
     assert task_row(engine, task_id).status == tq.TaskStatus.COMPLETED
+
+
+def test_a_claim_during_a_write_takes_no_connection_from_the_pool(
+    queue: tq.TaskQueue, engine: sa.Engine
+) -> None:
+    # A worker claims while its successes are written (on PostgreSQL): once
+    # kept, a connection for each, and neither checked out of the pool.
+    executor = queue.strategy.executor
+    checkouts: list[object] = []
+
+    def count(*_: object) -> None:
+        checkouts.append(1)
+
+    def a_claim_during_a_write() -> set[object]:
+        with executor.single_statement(engine) as writing, executor.single_statement(engine) as claiming:
+            for conn in (writing, claiming):
+                conn.exec_driver_sql("SELECT 1").scalar_one()
+            return {writing.connection.dbapi_connection, claiming.connection.dbapi_connection}
+
+    kept = a_claim_during_a_write()
+    sa.event.listen(engine, "checkout", count)
+    try:
+        again = a_claim_during_a_write()
+    finally:
+        sa.event.remove(engine, "checkout", count)
+    assert checkouts == [], "no connection checked out of the pool"
+    assert again == kept and len(kept) == 2, "the same two connections, kept"
 
 
 @pytest.mark.backends("postgres", "mysql", "mariadb")  # a server whose sessions another one can kill
