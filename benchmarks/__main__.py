@@ -464,13 +464,13 @@ def batching_section(run: Run) -> dict[str, Any]:
     )
     beside = new_table(
         f"beside a slow task: {samples} no-op probes, {PROBE_SLOTS} slots, one busy throughout; "
-        "ms from commit()",
+        "ms from commit() to the probe starting, and to its success's statement",
         (
             "backend",
             "completion_delay ms",
             "pickup p50",
-            "result p50",
-            "result p95",
+            "sent p50",
+            "sent p95",
             "wait p50",
             "wait max",
             "all once",
@@ -515,7 +515,7 @@ def batching_section(run: Run) -> dict[str, Any]:
                 target.name,
                 ms,
                 f"{probed['pickup']['p50']:.1f}",
-                *(f"{probed['result'][k]:.1f}" for k in ("p50", "p95")),
+                *(f"{probed['sent'][k]:.1f}" for k in ("p50", "p95")),
                 *(f"{probed['wait'][k]:.1f}" for k in ("p50", "max")),
                 yes_no(probed["exactly_once"]),
             )

@@ -45,7 +45,7 @@ class StatementExecutor:
         return found
 
     def kept_connection(self, engine: Engine, *, autocommit: bool) -> KeptConnection:
-        """The connection kept for ``engine``'s hot statements, in either mode."""
+        """The connections kept for ``engine``'s hot statements, in either mode."""
         found = self._kept.get((engine, autocommit))
         if found is None:
             with self._mutex:

@@ -17,12 +17,13 @@ import contextlib
 import os
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 
 from sqlalchemy import Connection, Engine
-from sqlalchemy.pool import QueuePool, SingletonThreadPool, StaticPool
+from sqlalchemy.pool import Pool, QueuePool, SingletonThreadPool, StaticPool
 
 #: Seconds after which a kept connection goes back to the pool and a fresh
 #: one is checked out, so that the pool's recycle and pre-ping settings still
@@ -39,6 +40,11 @@ class _Kept:
     conn: Connection
     checked_out_at: float
     generation: int
+    pid: int
+
+
+#: Every KeptConnection of this process, reset in a forked child (`_after_fork_in_child`).
+_INSTANCES: weakref.WeakSet[KeptConnection] = weakref.WeakSet()
 
 
 class KeptConnection:
@@ -51,9 +57,9 @@ class KeptConnection:
     later loan checks out a new one, so a broken connection is never lent
     again.  The one used last is lent first, so a single thread always gets
     the same connection.  A forked child never touches the connections its
-    parent kept: it checks out its own, and leaves the parent's alone
-    (closing them, or letting them be collected, would write on the parent's
-    socket).
+    parent kept, idle or lent: it checks out its own, and leaves the
+    parent's alone (closing them, or letting them be collected, would write
+    on the parent's socket).
     """
 
     def __init__(self, engine: Engine, *, autocommit: bool) -> None:
@@ -61,15 +67,16 @@ class KeptConnection:
         self.autocommit = autocommit
         self._lock = threading.Lock()
         self._idle: list[_Kept] = []  # kept and not lent; the one used last at the end
-        self._lent = 0  # kept connections lent out now
+        self._lent: list[_Kept] = []  # kept and lent out now
+        self._connecting = 0  # new ones being checked out to keep
         self._generation = 0  # moved on by close(): a loan of an older one ends by closing it
-        self._pid = os.getpid()
-        self._inherited: list[Connection] = []
+        self._inherited: list[Connection] = []  # a forked child's share of its parent's: never touched
         # StaticPool and SingletonThreadPool hand every borrower in a thread
         # (or in the process) the same DBAPI connection: keeping it in
         # autocommit would change it under the application's own sessions.
         shares_one = isinstance(engine.pool, SingletonThreadPool | StaticPool)
-        self._keep = 0 if shares_one else _how_many_to_keep(engine)
+        self._keep = 0 if shares_one else how_many_to_keep(engine.pool)
+        _INSTANCES.add(self)
 
     @contextmanager
     def lend(self) -> Iterator[Connection]:
@@ -97,71 +104,71 @@ class KeptConnection:
 
         One lent out now goes back to the pool when its loan ends.
         """
-        self._after_fork()
         with self._lock:
             idle, self._idle = self._idle, []
             self._generation += 1
         for kept in idle:
-            self._close(kept.conn)
+            _close(kept.conn)
+
+    @property
+    def kept(self) -> int:
+        """How many connections are kept now, idle or lent."""
+        with self._lock:
+            return len(self._idle) + len(self._lent)
 
     def _take(self) -> _Kept | None:
         """An idle kept connection, a new one to keep, or None: take a pooled one."""
-        self._after_fork()
         with self._lock:
+            kept: _Kept | None = None
             if self._idle:
-                kept: _Kept | None = self._idle.pop()
-            elif self._lent < self._keep:
-                kept = None  # a new one, checked out below
+                kept = self._idle.pop()
+                self._lent.append(kept)
+            elif len(self._lent) + self._connecting < self._keep:
+                self._connecting += 1  # checked out below, outside the lock
             else:
                 return None
-            self._lent += 1
             generation = self._generation
+        if kept is not None:
+            if time.monotonic() - kept.checked_out_at <= RENEW_AFTER:
+                return kept
+            with self._lock:  # too old: a fresh one in its place
+                _remove(self._lent, kept)
+                self._connecting += 1
+            _close(kept.conn)
         try:
-            if kept is not None and time.monotonic() - kept.checked_out_at > RENEW_AFTER:
-                self._close(kept.conn)
-                kept = None
-            if kept is None:
-                conn = self.engine.connect()
-                if self.autocommit:
-                    conn = conn.execution_options(isolation_level="AUTOCOMMIT")
-                kept = _Kept(conn, time.monotonic(), generation)
+            conn = self.engine.connect()
+            if self.autocommit:
+                conn = conn.execution_options(isolation_level="AUTOCOMMIT")
         except BaseException:
             with self._lock:
-                self._lent -= 1
+                self._connecting -= 1
             raise
-        return kept
+        fresh = _Kept(conn, time.monotonic(), generation, os.getpid())
+        with self._lock:
+            self._connecting -= 1
+            self._lent.append(fresh)
+        return fresh
 
     def _give_back(self, kept: _Kept, *, broken: bool) -> None:
+        if kept.pid != os.getpid():
+            return  # lent in the parent before a fork: the parent's, left alone
         with self._lock:
-            self._lent -= 1
-            keep = not broken and kept.generation == self._generation and self._pid == os.getpid()
+            _remove(self._lent, kept)
+            keep = not broken and kept.generation == self._generation
             if keep:
                 self._idle.append(kept)
         if not keep:
-            self._close(kept.conn)
+            _close(kept.conn)
 
-    def _after_fork(self) -> None:
-        """In a forked child, leave the parent's connections alone and start afresh.
+    def _after_fork_in_child(self) -> None:
+        """Leave every connection the parent kept, idle or lent, and start afresh.
 
-        Checked before the lock is taken: a parent's thread may have held it
-        at the fork, and the child has a lock of its own from here.
+        Run in the child right after the fork, while it has one thread.
         """
-        if self._pid == os.getpid():
-            return
-        self._inherited += [kept.conn for kept in self._idle]
-        self._lock = threading.Lock()
-        self._idle, self._lent = [], 0
-        self._generation += 1  # a loan made in the parent is never kept here
-        self._pid = os.getpid()
-
-    def _close(self, conn: Connection) -> None:
-        if self._pid != os.getpid():
-            self._inherited.append(conn)
-            return
-        # Closing returns it to the pool, whose reset may fail on a broken
-        # connection; the borrower's own error is the one to report.
-        with contextlib.suppress(Exception):
-            conn.close()
+        self._inherited += [kept.conn for kept in (*self._idle, *self._lent)]
+        self._lock = threading.Lock()  # a parent's thread may have held it at the fork
+        self._idle, self._lent, self._connecting = [], [], 0
+        self._generation += 1
 
     @contextmanager
     def _pooled(self) -> Iterator[Connection]:
@@ -169,18 +176,44 @@ class KeptConnection:
             yield conn.execution_options(isolation_level="AUTOCOMMIT") if self.autocommit else conn
 
 
-def _how_many_to_keep(engine: Engine) -> int:
-    """`KEEP`, or fewer where the pool is small, so that the application's sessions always find one.
+def _close(conn: Connection) -> None:
+    # Closing returns it to the pool, whose reset may fail on a broken
+    # connection; the borrower's own error is the one to report.
+    with contextlib.suppress(Exception):
+        conn.close()
 
-    A pool of one connection (pool_size=1, max_overflow=0) keeps none.
+
+def _remove(kept_list: list[_Kept], kept: _Kept) -> None:
+    """Take ``kept`` itself (not an equal one) out of ``kept_list``."""
+    for index, other in enumerate(kept_list):
+        if other is kept:
+            del kept_list[index]
+            return
+
+
+def how_many_to_keep(pool: Pool) -> int:
+    """How many connections to keep out of ``pool``: `KEEP`, fewer where it is small.
+
+    The application's sessions, and a worker's LISTEN connection, must still
+    find one: a pool of at most three connections lends one, and a pool of
+    one none.
     """
-    pool = engine.pool
     if not isinstance(pool, QueuePool):
         return KEEP
     overflow = getattr(pool, "_max_overflow", 0)
     if overflow < 0:
         return KEEP
-    return max(0, min(KEEP, pool.size() + overflow - 1))
+    total = pool.size() + overflow
+    return 0 if total < 2 else 1 if total < 4 else KEEP
 
 
-__all__ = ["KEEP", "KeptConnection"]
+def _after_fork_in_child() -> None:
+    for instance in list(_INSTANCES):
+        instance._after_fork_in_child()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+__all__ = ["KEEP", "KeptConnection", "how_many_to_keep"]

@@ -1,6 +1,6 @@
-"""Claims and completions run prepared SQL on a connection the strategy keeps: what that must not change.
+"""Claims and completions run prepared SQL on connections the strategy keeps: what that must not change.
 
-The kept connection and the prepared statements are there for speed (see
+The kept connections and the prepared statements are there for speed (see
 benchmarks/).  These tests hold them to the guarantees of the slower path:
 rows read back as through SQLAlchemy, no thread waits for another, a broken
 connection is replaced, a forked child never writes on its parent's socket,
@@ -19,6 +19,8 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 import sa_taskqueue as tq
+from sa_taskqueue.backends import backend_for
+from sa_taskqueue.executor import StatementExecutor
 from sa_taskqueue.kept_connection import KEEP
 from tests.app import make_queue
 from tests.backends import Backend
@@ -69,13 +71,19 @@ def test_a_claim_finds_every_kept_connection_lent_out_and_takes_a_pooled_one(
         [claimed] = queue.claim()
         outcome.append(queue.complete(claimed))
 
+    executor = queue.strategy.executor
+    lender = executor.kept_connection(engine, autocommit=backend_for(engine.dialect).autocommit_statements)
     with contextlib.ExitStack() as loans:
-        for _ in range(KEEP):
-            loans.enter_context(queue.strategy.executor.single_statement(engine))
+        lent = {
+            loans.enter_context(executor.single_statement(engine)).connection.dbapi_connection
+            for _ in range(KEEP)
+        }
+        assert len(lent) == lender.kept == KEEP
         other = threading.Thread(target=claim_and_complete)
         other.start()
         other.join(timeout=30)
         assert not other.is_alive(), "the claim waited for a thread holding a kept connection"
+        assert lender.kept == KEEP, "the claim's connection came from the pool, and went back"
     assert outcome == [True]
     assert task_row(engine, task_id).status == tq.TaskStatus.COMPLETED
 
@@ -200,6 +208,35 @@ def test_closing_the_queue_gives_its_connections_back(backend: Backend, engine: 
     assert queue.engine.pool.checkedout() >= 1  # type: ignore[attr-defined]
     queue.close()
     assert queue.engine.pool.checkedout() == 0  # type: ignore[attr-defined]
+    own.dispose()
+
+
+def test_a_connection_lent_when_the_queue_closes_goes_back_once_its_loan_ends(backend: Backend) -> None:
+    own = sa.create_engine(backend.url)
+    lender = StatementExecutor().kept_connection(own, autocommit=True)
+    with lender.lend(), lender.lend():  # both kept, both lent
+        lender.close()
+        assert own.pool.checkedout() == KEEP  # type: ignore[attr-defined]
+    assert own.pool.checkedout() == 0  # type: ignore[attr-defined]
+    own.dispose()
+
+
+@pytest.mark.parametrize(("pool_size", "kept"), [(1, 0), (2, 1), (3, 1), (4, KEEP)])
+def test_a_small_pool_keeps_room_for_the_application_and_a_listener(
+    backend: Backend, pool_size: int, kept: int
+) -> None:
+    # One connection left for the application's sessions, and from three up
+    # one more for a worker's LISTEN connection.
+    own = sa.create_engine(backend.url, pool_size=pool_size, max_overflow=0, pool_timeout=2)
+    lender = StatementExecutor().kept_connection(own, autocommit=True)
+    with contextlib.ExitStack() as loans:  # a claim during a write, as far as the pool has room
+        for _ in range(min(KEEP, pool_size)):
+            loans.enter_context(lender.lend())
+    assert lender.kept == own.pool.checkedout() == kept  # type: ignore[attr-defined]
+    with contextlib.ExitStack() as others:  # each would wait pool_timeout and fail if kept
+        for _ in range(pool_size - kept):
+            assert others.enter_context(own.connect()).exec_driver_sql("SELECT 1").scalar_one() == 1
+    lender.close()
     own.dispose()
 
 
