@@ -179,6 +179,34 @@ def test_a_forked_child_and_its_parent_claim_side_by_side(engine: sa.Engine) -> 
     queue.close()
 
 
+@pytest.mark.slow
+def test_a_connection_lent_when_the_process_forks_stays_the_parents(engine: sa.Engine) -> None:
+    queue = make_queue(engine, None, timedelta(minutes=5))
+    ids = enqueue(queue, engine, 4)
+    executor = queue.strategy.executor
+    with executor.single_statement(engine) as lent:  # a claim or a write under way in the parent
+        pid = os.fork()
+        if pid == 0:  # the child claims on connections of its own, and ends
+            status = 1
+            try:
+                engine.dispose(close=False)
+                while claimed := queue.claim(limit=2):
+                    for task in claimed:
+                        if not queue.complete(task):
+                            raise AssertionError(f"lost {task.id}")
+                queue.close()
+                status = 0
+            finally:
+                os._exit(status)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, "the child failed"
+        # The child neither used nor closed it: the parent's session is still there.
+        assert lent.exec_driver_sql("SELECT 1").scalar_one() == 1
+    assert queue.claim() == []
+    assert {row.status for row in task_rows(engine) if row.id in ids} == {tq.TaskStatus.COMPLETED}
+    queue.close()
+
+
 @pytest.mark.backends("sqlite")  # an SQLite file of its own: once is enough
 def test_a_pool_sharing_one_connection_keeps_the_applications_transactions(tmp_path: object) -> None:
     # StaticPool (and SingletonThreadPool, SQLite's in-memory default) hand
