@@ -237,13 +237,15 @@ def enqueue_section(run: Run) -> dict[str, Any]:
         ),
     )
     rows = []
+    methods = ("enqueue", "enqueue_many", "async_enqueue_many", "raw")
     for target in run.backends:
-        figures = {
-            method: spread(
-                [enqueue_rate(method, target.url, args.enqueue_tasks) for _ in range(args.repeats)]
-            )
-            for method in ("enqueue", "enqueue_many", "async_enqueue_many", "raw")
-        }
+        # The methods take turns within each repeat, so that a machine
+        # slowing down for a while weighs on all of them, not on one.
+        rates: dict[str, list[float]] = {method: [] for method in methods}
+        for _ in range(args.repeats):
+            for method in methods:
+                rates[method].append(enqueue_rate(method, target.url, args.enqueue_tasks))
+        figures = {method: spread(rates[method]) for method in methods}
         ratio = figures["enqueue_many"]["median"] / figures["raw"]["median"]
         raw_path = RAW_PATHS[target.dialect]
         rows.append({"backend": target.name, **figures, "raw_path": raw_path, "bulk_ratio": ratio})

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from itertools import chain, islice
 from typing import Any
 
 from sqlalchemy import Column, Connection, Integer, Table, insert
@@ -45,6 +46,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.util import await_only
 
 from sa_taskqueue.backends import backend_for
+from sa_taskqueue.task_rows import TaskRows
 
 #: Rows in one call from which PostgreSQL gets COPY rather than ``unnest``.
 #: Below it the round trip that draws the ids costs what COPY saves: with
@@ -107,6 +109,7 @@ def _insert_by_sqlalchemy(
 ) -> list[int] | None:
     backend = backend_for(conn.dialect)
     statement = insert(table)
+    rows = list(rows)  # SQLAlchemy takes a list of dicts, not any sequence (`TaskRows`)
     if backend.multi_row_insert_ids_in_order and ascending:
         return sorted(conn.execute(statement.returning(table.c.id), rows).scalars())
     if backend.multi_row_insert_returning:
@@ -176,18 +179,23 @@ async def _copy_async(driver: Any, sql: str, types: list[int], rows: Iterable[tu
             await copy.write_row(row)
 
 
-def _column_values(column: Column[Any], dialect: Dialect, values: list[Any], *, json_text: bool) -> list[Any]:
+def _column_values(
+    column: Column[Any], dialect: Dialect, values: Sequence[Any], *, json_text: bool, lazy: bool
+) -> Iterable[Any]:
     """``values`` as the column's bind processing leaves them; JSON as text where ``json_text``.
 
     Anything but JSON is processed once per distinct value: a batch shares
     its status, queue, run_at and created_at, so that is a few calls, not one
-    per row.
+    per row.  With ``lazy``, JSON is processed as the values are read: each
+    row's processed document (psycopg's wrapper) lives only until it is sent.
     """
     if json_text and _element_type(column, dialect).upper() in ("JSON", "JSONB"):
         return [None if value is None else json.dumps(value) for value in values]
     processor: Callable[[Any], Any] | None = column.type.dialect_impl(dialect).bind_processor(dialect)
     if processor is None:
         return values
+    if lazy and _element_type(column, dialect).upper() in ("JSON", "JSONB"):
+        return map(processor, values)
     done: dict[Any, Any] = {}
     out = []
     for value in values:
@@ -202,13 +210,29 @@ def _column_values(column: Column[Any], dialect: Dialect, values: list[Any], *, 
 
 
 def _columns(
-    table: Table, names: list[str], rows: Sequence[Mapping[str, Any]], dialect: Dialect, *, json_text: bool
-) -> tuple[list[Column[Any]], list[list[Any]]]:
+    table: Table,
+    names: list[str],
+    rows: Sequence[Mapping[str, Any]],
+    dialect: Dialect,
+    *,
+    json_text: bool,
+    lazy: bool = False,
+) -> tuple[list[Column[Any]], list[Iterable[Any]]]:
+    """Each column of ``rows``, processed: a value all rows share (`TaskRows`) once for them all."""
     columns = [table.c[name] for name in names]
-    values = [
-        _column_values(column, dialect, [row[column.name] for row in rows], json_text=json_text)
-        for column in columns
-    ]
+    values: list[Iterable[Any]] = []
+    for column in columns:
+        if isinstance(rows, TaskRows) and rows.is_shared(column.name):
+            (processed,) = _column_values(
+                column, dialect, [rows.shared[column.name]], json_text=json_text, lazy=False
+            )
+            values.append([processed] * len(rows))
+            continue
+        if isinstance(rows, TaskRows):
+            column_values = rows.column(column.name)
+        else:
+            column_values = [row[column.name] for row in rows]
+        values.append(_column_values(column, dialect, column_values, json_text=json_text, lazy=lazy))
     return columns, values
 
 
@@ -235,7 +259,7 @@ def _insert_copied(
     if len(ids) != len(rows) or len(types or ()) != len(copied):  # no sequence behind the id
         return _insert_unnested(conn, table, names, rows)
     ids.sort()  # so the ids ascend with the rows, as the other paths' do
-    _, values = _columns(table, names, rows, dialect, json_text=False)
+    _, values = _columns(table, names, rows, dialect, json_text=False, lazy=True)
     listed = ", ".join(quote.format_column(table.c[name]) for name in copied)
     _copy(
         conn,
@@ -290,12 +314,12 @@ def _insert_values(
         f"({', '.join(quote.format_column(column) for column in columns)}) VALUES "
     )
     tail = f" RETURNING {quote.format_column(table.c.id)}" if returning else ""
-    tuples = list(zip(*values, strict=True))
+    # Each statement's values flattened from the columns as it is built: no tuple per row kept.
+    remaining = zip(*values, strict=True)
     ids: list[int] = []
-    for start in range(0, len(tuples), per_statement):
-        part = tuples[start : start + per_statement]
-        flat = tuple(value for row in part for value in row)
-        result = conn.exec_driver_sql(head + ", ".join([one_row] * len(part)) + tail, flat)
+    while flat := tuple(chain.from_iterable(islice(remaining, per_statement))):
+        count = len(flat) // len(columns)
+        result = conn.exec_driver_sql(head + ", ".join([one_row] * count) + tail, flat)
         if returning:
             # One statement numbers its rows in the order it inserts them.
             ids.extend(sorted(result.scalars()))

@@ -61,6 +61,7 @@ from sa_taskqueue.strategies.base import ClaimStrategy
 from sa_taskqueue.strategies.claiming import ClaimRequest
 from sa_taskqueue.strategies.lease import LEASE_EXPIRED_ERROR
 from sa_taskqueue.strategies.limited import Limits
+from sa_taskqueue.task_rows import TaskRows
 from sa_taskqueue.transactional import check_transactional
 from sa_taskqueue.types import utcnow
 from sa_taskqueue.unawaited import EnqueueCoroutine
@@ -514,7 +515,9 @@ class TaskQueue:
             )
         return self._insert(cast("Session", session), rows, chunk_size)
 
-    def _insert(self, session: Session, rows: list[dict[str, Any]], chunk_size: int) -> list[int] | None:
+    def _insert(
+        self, session: Session, rows: Sequence[Mapping[str, Any]], chunk_size: int
+    ) -> list[int] | None:
         if not rows:
             return []
         if "unique_key" in rows[0]:  # (a key for one row is a key for all: unique_key or unique_by)
@@ -566,7 +569,7 @@ class TaskQueue:
         run_at: datetime | None,
         max_attempts: int | None,
         unique_key: str | None,
-    ) -> list[dict[str, Any]]:
+    ) -> Sequence[Mapping[str, Any]]:
         """The rows of one ``enqueue_many``, every one checked before any is written.
 
         The options all rows share (name, queue, priority, run_at, max_attempts,
@@ -577,12 +580,18 @@ class TaskQueue:
             return []
         first = self._task_values(name, params_list[0], queue, priority, run_at, max_attempts, unique_key)
         registered = self._tasks[name]
-        rows = [first]
+        # Only params and the keys made from them differ from row to row.
+        varying: dict[str, list[Any]] = {
+            column: [first.pop(column)]
+            for column in ("params", "concurrency_key", "unique_key")
+            if column in first
+        }
         for params in params_list[1:]:
             params = {} if params is None else params
             validation.check_params(params)
-            rows.append(self._with_params(registered, dict(first), params, unique_key))
-        return rows
+            for column, value in self._with_params(registered, {}, params, unique_key).items():
+                varying[column].append(value)
+        return TaskRows(first, varying)
 
     def _with_params(
         self,

@@ -6,6 +6,8 @@ the smaller batches of tests/test_enqueue.py take ``unnest``.
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import DeclarativeBase, Session
@@ -145,3 +147,38 @@ def test_a_database_error_in_the_copy_is_sqlalchemys_error_and_rolls_back_cleanl
         assert ids is not None and len(ids) == ROWS
     finally:
         CheckedBase.metadata.drop_all(engine)
+
+
+def test_a_large_batch_keeps_no_object_per_row_alive_while_it_is_sent(
+    default_queue: tq.TaskQueue, engine: sa.Engine
+) -> None:
+    """Objects alive across the insert, one per row, would set off the interpreter's full collection.
+
+    Every container the interpreter tracks counts towards its next
+    collection until it is freed; enough of them alive at once start a
+    collection, and with many a full one, a pass over every object of the
+    application.  Counted with a threshold far below the rows: the rows of a
+    batch pass through without one.
+    """
+    rows = 20 * ROWS
+    params = [{"key": n} for n in range(rows)]
+    collections: list[int] = []
+
+    def counted(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            collections.append(info["generation"])
+
+    with Session(engine) as session:
+        session.connection()  # the connection's own setup is not the batch's
+        thresholds = gc.get_threshold()
+        gc.collect()
+        gc.set_threshold(ROWS // 2, 10, 10)
+        gc.callbacks.append(counted)
+        try:
+            default_queue.enqueue_many(session, "record", params)
+        finally:
+            gc.callbacks.remove(counted)
+            gc.set_threshold(*thresholds)
+        session.commit()
+    assert len(stored(engine)) == rows
+    assert len(collections) <= 2, f"{len(collections)} collections while {rows} rows were sent"
