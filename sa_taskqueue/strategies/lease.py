@@ -157,7 +157,9 @@ class LeaseWrites:
         count = len(tasks)
         with_results = any(result is not None for result in results)
         backend = backend_for(engine.dialect)
-        if backend.completes_from_arrays:
+        if backend.completes_from_arrays and count > 1:
+            # (One task goes by the statement below: binding one value per
+            # column costs the driver less than binding an array of one.)
             return self._complete_from_arrays(engine, table, tasks, results, now)
         returning = backend.update_returning
         # Where completions are announced (PostgreSQL), the UPDATE goes in a
