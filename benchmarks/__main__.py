@@ -239,11 +239,13 @@ def enqueue_section(run: Run) -> dict[str, Any]:
     rows = []
     methods = ("enqueue", "enqueue_many", "async_enqueue_many", "raw")
     for target in run.backends:
-        # The methods take turns within each repeat, so that a machine
-        # slowing down for a while weighs on all of them, not on one.
+        # The methods take turns within each repeat, each repeat starting
+        # one further along, so that a machine slowing down for a while, or
+        # what one method leaves behind, weighs on all of them, not on one.
         rates: dict[str, list[float]] = {method: [] for method in methods}
-        for _ in range(args.repeats):
-            for method in methods:
+        for repeat in range(args.repeats):
+            turn = repeat % len(methods)
+            for method in methods[turn:] + methods[:turn]:
                 rates[method].append(enqueue_rate(method, target.url, args.enqueue_tasks))
         figures = {method: spread(rates[method]) for method in methods}
         ratio = figures["enqueue_many"]["median"] / figures["raw"]["median"]

@@ -221,15 +221,16 @@ def _columns(
     """Each column of ``rows``, processed: a value all rows share (`TaskRows`) once for them all."""
     columns = [table.c[name] for name in names]
     values: list[Iterable[Any]] = []
+    as_columns = rows if isinstance(rows, TaskRows) else None
     for column in columns:
-        if isinstance(rows, TaskRows) and rows.is_shared(column.name):
+        if as_columns is not None and as_columns.is_shared(column.name):
             (processed,) = _column_values(
-                column, dialect, [rows.shared[column.name]], json_text=json_text, lazy=False
+                column, dialect, [as_columns.shared[column.name]], json_text=json_text, lazy=False
             )
             values.append([processed] * len(rows))
             continue
-        if isinstance(rows, TaskRows):
-            column_values = rows.column(column.name)
+        if as_columns is not None:
+            column_values = as_columns.column(column.name)
         else:
             column_values = [row[column.name] for row in rows]
         values.append(_column_values(column, dialect, column_values, json_text=json_text, lazy=lazy))

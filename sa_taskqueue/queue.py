@@ -523,7 +523,8 @@ class TaskQueue:
         if "unique_key" in rows[0]:  # (a key for one row is a key for all: unique_key or unique_by)
             return unique.add_many(session, self.table, rows)
         ids = insert_rows(session.connection(), self.table, rows, chunk_size=chunk_size)
-        notify_enqueued(session, self.table, {row["queue"] for row in rows})
+        queues = rows.distinct("queue") if isinstance(rows, TaskRows) else {row["queue"] for row in rows}
+        notify_enqueued(session, self.table, queues)
         return ids
 
     def _task_values(

@@ -33,16 +33,17 @@ class TaskRows(Sequence[Mapping[str, Any]]):
         self.varying = dict(varying)
         self._length = lengths.pop()
 
-    @property
-    def names(self) -> list[str]:
-        """Every column of the rows: the shared ones, then the varying ones."""
-        return [*self.shared, *self.varying]
-
     def column(self, name: str) -> Sequence[Any]:
         """Every row's value of ``name``, in row order."""
         if name in self.shared:
             return [self.shared[name]] * self._length
         return self.varying[name]
+
+    def distinct(self, name: str) -> set[Any]:
+        """The values of ``name`` among the rows, each once."""
+        if name in self.shared:
+            return {self.shared[name]}
+        return set(self.varying[name])
 
     def is_shared(self, name: str) -> bool:
         """Whether every row has the same value of ``name`` (held once)."""

@@ -168,6 +168,7 @@ def test_a_large_batch_keeps_no_object_per_row_alive_while_it_is_sent(
         if phase == "start":
             collections.append(info["generation"])
 
+    assert gc.isenabled(), "with the collector off nothing would be counted"
     with Session(engine) as session:
         session.connection()  # the connection's own setup is not the batch's
         thresholds = gc.get_threshold()

@@ -296,6 +296,31 @@ def test_complete_many_writes_only_the_tasks_still_held_each_with_its_result(
 
 
 @pytest.mark.parametrize("lease", [timedelta(seconds=1)])
+def test_complete_many_of_one_task_writes_it_with_its_result_only_while_held(
+    clocked_queue: tq.TaskQueue, engine: sa.Engine, strategy_name: str, lease: timedelta, clock: MovableClock
+) -> None:
+    # A worker's lone success goes alone (on PostgreSQL not as arrays of one):
+    # the same claim test, the same result, the same ids back.
+    queue = clocked_queue
+    lost_id, kept_id = enqueue(queue, engine, 2)
+    loser = make_queue(engine, strategy_name, lease, clock.now)
+    [lost] = loser.claim(worker_id="first")
+    if strategy_name == "advisory_lock":
+        drop_the_lock_holder(loser, engine, lost_id)
+    let_the_claim_go(queue, clock, strategy_name, lease)
+    [second] = queue.claim(worker_id="second")
+    [kept] = queue.claim(worker_id="first")
+    loser.close()
+    assert (second.id, kept.id) == (lost_id, kept_id)
+    assert queue.complete_many([lost], [{"n": 1}]) == set()
+    assert queue.complete_many([kept], [{"n": 2}]) == {kept_id}
+    lost_row, kept_row = task_row(engine, lost_id), task_row(engine, kept_id)
+    assert (lost_row.status, lost_row.locked_by, lost_row.result) == (tq.TaskStatus.RUNNING, "second", None)
+    assert (kept_row.status, kept_row.result) == (tq.TaskStatus.COMPLETED, {"n": 2})
+    assert kept_row.locked_until is None
+
+
+@pytest.mark.parametrize("lease", [timedelta(seconds=1)])
 def test_complete_many_never_counts_the_new_holders_completion_as_its_own(
     clocked_queue: tq.TaskQueue, engine: sa.Engine, strategy_name: str, lease: timedelta, clock: MovableClock
 ) -> None:

@@ -158,8 +158,8 @@ class LeaseWrites:
         with_results = any(result is not None for result in results)
         backend = backend_for(engine.dialect)
         if backend.completes_from_arrays and count > 1:
-            # (One task goes by the statement below: binding one value per
-            # column costs the driver less than binding an array of one.)
+            # (A batch of one goes by the statement below, for one task: a
+            # value per column costs the driver less than an array of one.)
             return self._complete_from_arrays(engine, table, tasks, results, now)
         returning = backend.update_returning
         # Where completions are announced (PostgreSQL), the UPDATE goes in a
@@ -206,7 +206,7 @@ class LeaseWrites:
         results: Sequence[Any],
         now: datetime,
     ) -> set[int]:
-        """`complete_many` as one statement for any batch size (`held_arrays`), announcing where it can."""
+        """`complete_many` in one statement for any batch size (`held_arrays`), announced where it can."""
         announce = backend_for(engine.dialect).notify
 
         def build() -> Any:
