@@ -295,6 +295,26 @@ def test_complete_many_writes_only_the_tasks_still_held_each_with_its_result(
     assert queue.complete_many([kept]) == set(), "a finished task is not written twice"
 
 
+def a_claim_lost_and_a_claim_kept(
+    queue: tq.TaskQueue, engine: sa.Engine, strategy_name: str, lease: timedelta, clock: MovableClock
+) -> tuple[tq.ClaimedTask, tq.ClaimedTask, tq.ClaimedTask]:
+    """Two tasks claimed by worker "first": the claim of one lost to worker "second", the other's kept.
+
+    Returns the lost claim, the new holder's claim of the same task, and the kept claim.
+    """
+    lost_id, kept_id = enqueue(queue, engine, 2)
+    loser = make_queue(engine, strategy_name, lease, clock.now)
+    [lost] = loser.claim(worker_id="first")
+    if strategy_name == "advisory_lock":
+        drop_the_lock_holder(loser, engine, lost_id)  # the lock, not the lease, says who holds the task
+    let_the_claim_go(queue, clock, strategy_name, lease)
+    [second] = queue.claim(worker_id="second")
+    [kept] = queue.claim(worker_id="first")
+    loser.close()
+    assert (second.id, kept.id) == (lost_id, kept_id)
+    return lost, second, kept
+
+
 @pytest.mark.parametrize("lease", [timedelta(seconds=1)])
 def test_complete_many_of_one_task_writes_it_with_its_result_only_while_held(
     clocked_queue: tq.TaskQueue, engine: sa.Engine, strategy_name: str, lease: timedelta, clock: MovableClock
@@ -302,16 +322,8 @@ def test_complete_many_of_one_task_writes_it_with_its_result_only_while_held(
     # A worker's lone success goes alone (on PostgreSQL not as arrays of one):
     # the same claim test, the same result, the same ids back.
     queue = clocked_queue
-    lost_id, kept_id = enqueue(queue, engine, 2)
-    loser = make_queue(engine, strategy_name, lease, clock.now)
-    [lost] = loser.claim(worker_id="first")
-    if strategy_name == "advisory_lock":
-        drop_the_lock_holder(loser, engine, lost_id)
-    let_the_claim_go(queue, clock, strategy_name, lease)
-    [second] = queue.claim(worker_id="second")
-    [kept] = queue.claim(worker_id="first")
-    loser.close()
-    assert (second.id, kept.id) == (lost_id, kept_id)
+    lost, _new_holder, kept = a_claim_lost_and_a_claim_kept(queue, engine, strategy_name, lease, clock)
+    lost_id, kept_id = lost.id, kept.id
     assert queue.complete_many([lost], [{"n": 1}]) == set()
     assert queue.complete_many([kept], [{"n": 2}]) == {kept_id}
     lost_row, kept_row = task_row(engine, lost_id), task_row(engine, kept_id)
@@ -327,19 +339,11 @@ def test_complete_many_never_counts_the_new_holders_completion_as_its_own(
     # Without RETURNING the queue asks which rows it wrote; the new holder's
     # completion, in the same microsecond, must not pass for the old one's.
     queue = clocked_queue
-    lost_id, kept_id = enqueue(queue, engine, 2)
-    loser = make_queue(engine, strategy_name, lease, clock.now)
-    [lost] = loser.claim(worker_id="first")
-    if strategy_name == "advisory_lock":
-        drop_the_lock_holder(loser, engine, lost_id)
-    let_the_claim_go(queue, clock, strategy_name, lease)
-    [second] = queue.claim(worker_id="second")
-    [kept] = queue.claim(worker_id="first")
-    assert (second.id, kept.id) == (lost_id, kept_id)
+    lost, second, kept = a_claim_lost_and_a_claim_kept(queue, engine, strategy_name, lease, clock)
+    lost_id, kept_id = lost.id, kept.id
     assert queue.complete(second, "the new holder's")
     assert queue.complete_many([lost, kept]) == {kept_id}
     assert task_row(engine, lost_id).result == "the new holder's"
-    loser.close()
 
 
 def test_complete_many_checks_every_result_before_writing_any(queue: tq.TaskQueue, engine: sa.Engine) -> None:
