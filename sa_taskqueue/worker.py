@@ -90,6 +90,9 @@ class _Running:
     coroutine: Future[Outcome] | None = None  # an async def task's run on its loop
     given_back: bool = False
     began: bool = False  # a thread has taken it up (a task claimed ahead waits for one)
+    #: Claimed for a slot still writing its last success, not for a free one:
+    #: a stop asked for before its thread takes it up gives it back unstarted.
+    claimed_ahead: bool = False
     #: Its outcome is settled for the batching of successes: handed to it, or none to hand.
     #: (It counts there from its claim until then, so that the successes of a
     #: claimed batch wait for the tasks whose threads have not taken them up yet.)
@@ -363,6 +366,7 @@ class Worker:
                 completing = any(slot.completing for slot in self._running.values())
                 writing = sum(1 for slot in self._running.values() if slot.writing)
                 free = self.concurrency - len(self._running)
+                free_now = free
                 if claim_ahead:
                     # Claim for them already, so that their next tasks are
                     # here when they free, the claim's round trip spent
@@ -394,7 +398,10 @@ class Worker:
                 continue
             error_backoff = 0.0
             self._database_back()
-            slots = [_Running(task, renewed_at=sent_at) for task in claimed]
+            slots = [
+                _Running(task, renewed_at=sent_at, claimed_ahead=index >= free_now)
+                for index, task in enumerate(claimed)
+            ]
             if slots:
                 with self._lock:
                     # Armed before a task can start: their leases run from the claim.
@@ -518,9 +525,11 @@ class Worker:
     def _execute(self, slot: _Running) -> None:
         """A slot's thread: run the task, record its outcome, free the slot (or leave that to the write)."""
         try:
-            if self._stopping.is_set() or slot.lease_lost:
+            if (self._stopping.is_set() and slot.claimed_ahead) or slot.lease_lost:
                 # Claimed ahead, and its slot came free only after a stop was
-                # asked for, or after its lease was lost: it does not start.
+                # asked for, or its lease was lost: it does not start.  A task
+                # claimed for a free slot starts, stop or not: it shows as
+                # running from its claim, and shutdown_timeout bounds its run.
                 self._no_success(slot)
                 self._give_back_unstarted(slot)
                 return

@@ -255,6 +255,31 @@ def test_a_task_claimed_ahead_is_given_back_unstarted_when_the_worker_stops(
     assert worker.given_back == 1
 
 
+def test_a_task_claimed_for_a_free_slot_runs_though_a_stop_comes_before_its_thread_takes_it_up(
+    queue: tq.TaskQueue, engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with Session(engine) as session:
+        task_id = queue.enqueue(session, "record", {"key": 1}).id
+        session.commit()
+    worker = tq.Worker(queue, concurrency=2, poll_interval=0.05)
+    real_claim = queue.claim
+
+    def claim_then_stop(*args: object, **kwargs: object) -> list[tq.ClaimedTask]:
+        # The stop arrives once the task is claimed, shown as running, and
+        # before any thread of the worker has taken it up.
+        claimed = real_claim(*args, **kwargs)  # type: ignore[arg-type]
+        if claimed:
+            worker.stop()
+        return claimed
+
+    monkeypatch.setattr(queue, "claim", claim_then_stop)
+    worker.run()
+    row = task_row(engine, task_id)
+    assert (row.status, row.attempts) == (tq.TaskStatus.COMPLETED, 1)
+    assert executions(engine) == {1: 1}
+    assert (worker.processed, worker.given_back) == (1, 0)
+
+
 @pytest.mark.requires("claims_ahead")
 def test_a_slot_whose_success_another_slot_writes_runs_a_task_claimed_ahead_meanwhile(
     queue: tq.TaskQueue, engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
