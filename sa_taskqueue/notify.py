@@ -6,8 +6,10 @@ The payload is the queue name.  A notification is only a hint to look now;
 workers keep polling, so a lost one (listener reconnecting) costs a poll
 interval, never a task.  Other dialects have no such channel and poll.
 
-The listener waits on psycopg's blocking ``notifies()`` in a thread of its
-own.  For an async engine (psycopg's async mode, or asyncpg) it opens its
+The listener waits in a thread of its own, on its connection's socket and on
+a socket of its own that `Listener.interrupt` writes to, so that a stopping
+worker does not wait for the next notification or timeout; psycopg's
+``notifies()`` then reads what arrived.  For an async engine (psycopg's async mode, or asyncpg) it opens its
 one connection through psycopg's sync driver to the same server, outside the
 engine's pool and event loop: a LISTEN connection is never lent to anyone,
 so nothing is gained by making it async, and the worker's wait stays the
@@ -16,8 +18,11 @@ same.  Where psycopg is not installed (asyncpg alone) the worker polls.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
+import selectors
+import socket
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -29,6 +34,9 @@ from sqlalchemy.pool import NullPool
 from sa_taskqueue.backends import backend_for
 
 logger = logging.getLogger("sa_taskqueue")
+
+#: The longest wait on a quiet LISTEN connection before it is read anyway (seconds).
+QUIET_WAIT = 1.0
 
 
 def channel_name(table: Table) -> str:
@@ -151,18 +159,30 @@ class Listener(threading.Thread):
         self.listening = threading.Event()
         # An async engine's driver cannot wait here: a sync engine to its server does.
         self._listening_engine = listening_engine(engine)
+        # Written to by `interrupt`, read only to end a wait: a socket pair
+        # works with selectors everywhere, a pipe not on Windows.
+        self._interrupted, self._interrupter = socket.socketpair()
+
+    def interrupt(self) -> None:
+        """End the wait for notifications now, so that a ``stop`` set before is seen at once."""
+        with contextlib.suppress(OSError):  # closed: the listener has ended
+            self._interrupter.send(b"\0")
 
     def run(self) -> None:
         self.backoff = 0.5
-        while not self.stop.is_set():
-            try:
-                self._listen()
-            except Exception as error:  # noqa: BLE001 - reconnect on any failure; polling covers the gap
-                backoff = self.backoff
-                self.listening.clear()
-                logger.warning("LISTEN connection lost, reconnecting in %.1fs: %s", backoff, error)
-                self.stop.wait(backoff)
-                self.backoff = min(backoff * 2, 30.0)
+        try:
+            while not self.stop.is_set():
+                try:
+                    self._listen()
+                except Exception as error:  # noqa: BLE001 - reconnect on any failure; polling covers the gap
+                    backoff = self.backoff
+                    self.listening.clear()
+                    logger.warning("LISTEN connection lost, reconnecting in %.1fs: %s", backoff, error)
+                    self.stop.wait(backoff)
+                    self.backoff = min(backoff * 2, 30.0)
+        finally:
+            self._interrupter.close()
+            self._interrupted.close()
 
     def _listen(self) -> None:
         raw = self._listening_engine.raw_connection()
@@ -180,12 +200,29 @@ class Listener(threading.Thread):
             # A wake-up right after (re)connecting: anything enqueued while we
             # were not listening is picked up now rather than at the next poll.
             self.wake("")
-            while not self.stop.is_set():
-                for notification in driver.notifies(timeout=1.0):
-                    if notification.channel == self.control_channel and self.control_changed is not None:
-                        self.control_changed(notification.payload)
-                    else:
-                        self.wake(notification.payload)
+            with selectors.DefaultSelector() as selector:
+                selector.register(driver.fileno(), selectors.EVENT_READ)
+                selector.register(self._interrupted, selectors.EVENT_READ)
+                while not self.stop.is_set():
+                    self._hand_on_arrived(driver)
+                    selector.select(QUIET_WAIT)
         finally:
             self.listening.clear()
             raw.invalidate()  # never hand a LISTENing connection back to the pool
+
+    def _hand_on_arrived(self, driver: Any) -> None:
+        """Hand on every notification that has arrived, without waiting for more.
+
+        Read until none is left, since psycopg may already hold some that no
+        longer show on the socket (read along with an earlier one, or while
+        the connection ran a statement).
+        """
+        while True:
+            arrived = list(driver.notifies(timeout=0))
+            if not arrived:
+                return
+            for notification in arrived:
+                if notification.channel == self.control_channel and self.control_changed is not None:
+                    self.control_changed(notification.payload)
+                else:
+                    self.wake(notification.payload)

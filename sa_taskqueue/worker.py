@@ -38,7 +38,13 @@ from sa_taskqueue.completions import Completions
 from sa_taskqueue.concurrency import LIMITED_RECHECK_SECONDS
 from sa_taskqueue.error_text import error_message
 from sa_taskqueue.event_loop_bridge import LoopThread
-from sa_taskqueue.exceptions import DatabaseError, DatabaseUnavailable, MalformedTask, TaskNotRegistered
+from sa_taskqueue.exceptions import (
+    DatabaseBusy,
+    DatabaseError,
+    DatabaseUnavailable,
+    MalformedTask,
+    TaskNotRegistered,
+)
 from sa_taskqueue.execution import (
     CANCELLED_CLEANUP_WAIT,
     ChildProcess,
@@ -265,12 +271,12 @@ class Worker:
             )
         # Paused queues are read again at least once per poll interval.
         self.queue.paused.check_within(self.poll_interval)
+        listener: Listener | None = None
         if self.listen and not self.burst and can_listen(self.queue.engine):
-            background.append(
-                Listener(
-                    self.queue.engine, self.queue.table, self._notified, self._stopped, self._pause_changed
-                )
+            listener = Listener(
+                self.queue.engine, self.queue.table, self._notified, self._stopped, self._pause_changed
             )
+            background.append(listener)
         if self.queue.periodic_tasks:
             # Periodic tasks are enqueued from a thread of their own: a tick never delays a claim.
             ticker = partial(run_ticker, self.queue, self._stopped, self.poll_interval, self._wake.set)
@@ -300,6 +306,8 @@ class Worker:
             # an outage too, until the close times out and _stopped is set.
             self._completions.close(timeout=max(self.shutdown_timeout, CLOSE_TIMEOUT))
             self._stopped.set()
+            if listener is not None:
+                listener.interrupt()  # (rather than within its wait for a quiet second)
             with self._lock:
                 self._arm_locked(exact=True)  # the heartbeat, which would, has stopped
                 # Threads still busy: given back and running on, or stuck writing.
@@ -1000,15 +1008,34 @@ class Worker:
     # Database outages ----------------------------------------------------------
 
     def _database_trouble(self, error: BaseException, retry_in: float) -> None:
-        """One clear line when the database goes away; quiet while it stays away."""
+        """One clear line when the database goes away; quiet while it stays away.
+
+        A transaction the server rolled back to end a deadlock, or a wait for
+        another connection's lock that ran out, is contention between
+        workers, not an outage: it is logged for what it is, and the
+        database is not taken for gone.
+        """
+        message = getattr(error, "orig", None) or error
+        if self._lock_contention(error):
+            logger.info("lost a lock race with another connection, trying again: %s", str(message).strip())
+            return
         with self._lock:
             first = not self._database_down
             self._database_down = True
-        message = getattr(error, "orig", None) or error
         if first:
             logger.error("database unavailable, retrying every few seconds: %s", str(message).strip())
         else:
             logger.debug("database still unavailable (next try in %.1fs): %s", retry_in, message)
+
+    def _lock_contention(self, error: BaseException) -> bool:
+        if isinstance(error, DatabaseBusy):
+            return True
+        cause = error.__cause__
+        driver_error = getattr(cause, "orig", None) or cause
+        if driver_error is None:
+            return False
+        backend = backend_for(self.queue.engine.dialect)
+        return backend.lost_lock_race(driver_error) or backend.lock_wait_ran_out(driver_error)
 
     def _database_back(self) -> None:
         with self._lock:

@@ -8,6 +8,7 @@ import re
 import shlex
 import signal
 import subprocess
+import threading
 from datetime import datetime, timedelta
 
 import pytest
@@ -15,6 +16,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 import sa_taskqueue as tq
+from sa_taskqueue import notify
 from tests.app import executions
 from tests.backends import Backend, reachable
 from tests.helpers import (
@@ -282,6 +284,37 @@ def test_notify_wakes_an_idle_worker_long_before_its_poll(
     assert poll_in is not None
     start_line = next(line for line in err.splitlines() if f"task {task_id} record attempt 1 started" in line)
     assert (logged_at(start_line) - logged_at(idle_line)).total_seconds() < poll_in / 2, err
+
+
+@pytest.mark.requires("notify", "listen")
+def test_a_listening_worker_stops_at_once_not_after_its_quiet_connections_wait(
+    engine: sa.Engine, default_queue: tq.TaskQueue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(notify, "QUIET_WAIT", 3600.0)  # a quiet connection is read only when woken
+    worker = tq.Worker(default_queue, poll_interval=0.05)
+    runner = threading.Thread(target=worker.run)
+    runner.start()
+    try:
+        wait_until(lambda: listen_connections(engine) == 1, 30, "the worker's LISTEN connection")
+    finally:
+        worker.stop()
+        runner.join(timeout=30)
+    assert not runner.is_alive()
+    listeners = [thread for thread in threading.enumerate() if thread.name == "sa_taskqueue-listen"]
+    assert listeners == [], "the listener ended with the worker, not an hour later"
+    wait_until(lambda: listen_connections(engine) == 0, 30, "its LISTEN connection to close")
+
+
+def listen_connections(engine: sa.Engine) -> int:
+    with engine.connect() as conn:
+        return int(
+            conn.execute(
+                sa.text(
+                    "SELECT count(*) FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND query LIKE 'LISTEN %'"
+                )
+            ).scalar_one()
+        )
 
 
 @pytest.mark.requires("notify")
