@@ -71,6 +71,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         choices=sorted({driver for drivers in ASYNC_DRIVERS.values() for driver in drivers}),
         help="run the test application's queues on an AsyncEngine of this driver",
     )
+    parser.addoption(
+        "--strategy",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="run the tests taking a strategy on this one only (repeatable; default: all the backend has)",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -91,7 +98,16 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "strategy_name" in metafunc.fixturenames:
         backend = metafunc.config.getoption("--backend")
-        metafunc.parametrize("strategy_name", STRATEGIES[backend])
+        strategies = STRATEGIES[backend]
+        chosen: list[str] | None = metafunc.config.getoption("--strategy")
+        if chosen:
+            unknown = sorted(set(chosen) - set(strategies))
+            if unknown:
+                raise pytest.UsageError(
+                    f"--strategy {', '.join(unknown)}: not a strategy of {backend} ({', '.join(strategies)})"
+                )
+            strategies = [strategy for strategy in strategies if strategy in chosen]
+        metafunc.parametrize("strategy_name", strategies)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
