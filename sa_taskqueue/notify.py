@@ -159,21 +159,35 @@ class Listener(threading.Thread):
         self.listening = threading.Event()
         # An async engine's driver cannot wait here: a sync engine to its server does.
         self._listening_engine = listening_engine(engine)
-        # Written to by `interrupt`, read only to end a wait: a socket pair
-        # works with selectors everywhere, a pipe not on Windows.
-        self._interrupted, self._interrupter = socket.socketpair()
+        # While the thread runs: a socket pair whose one end `interrupt`
+        # writes to, the other ending the wait (selectors take sockets
+        # everywhere, pipes not on Windows).  Made in the thread and closed
+        # there, under the lock `interrupt` takes.
+        self._interrupt_lock = threading.Lock()
+        self._interrupter: socket.socket | None = None
 
     def interrupt(self) -> None:
-        """End the wait for notifications now, so that a ``stop`` set before is seen at once."""
-        with contextlib.suppress(OSError):  # closed: the listener has ended
-            self._interrupter.send(b"\0")
+        """End the wait for notifications now, so that a ``stop`` set before is seen at once.
+
+        A listener not yet waiting sees the stop before its first wait; one
+        that has ended has nothing to interrupt.
+        """
+        with self._interrupt_lock:
+            if self._interrupter is not None:
+                with contextlib.suppress(OSError):  # its buffer is full: woken already
+                    self._interrupter.send(b"\0")
 
     def run(self) -> None:
         self.backoff = 0.5
+        interrupted, interrupter = socket.socketpair()
+        for end in (interrupted, interrupter):
+            end.setblocking(False)
+        with self._interrupt_lock:
+            self._interrupter = interrupter
         try:
             while not self.stop.is_set():
                 try:
-                    self._listen()
+                    self._listen(interrupted)
                 except Exception as error:  # noqa: BLE001 - reconnect on any failure; polling covers the gap
                     backoff = self.backoff
                     self.listening.clear()
@@ -181,10 +195,12 @@ class Listener(threading.Thread):
                     self.stop.wait(backoff)
                     self.backoff = min(backoff * 2, 30.0)
         finally:
-            self._interrupter.close()
-            self._interrupted.close()
+            with self._interrupt_lock:
+                self._interrupter = None
+            interrupter.close()
+            interrupted.close()
 
-    def _listen(self) -> None:
+    def _listen(self, interrupted: socket.socket) -> None:
         raw = self._listening_engine.raw_connection()
         try:
             driver: Any = raw.driver_connection
@@ -202,10 +218,13 @@ class Listener(threading.Thread):
             self.wake("")
             with selectors.DefaultSelector() as selector:
                 selector.register(driver.fileno(), selectors.EVENT_READ)
-                selector.register(self._interrupted, selectors.EVENT_READ)
+                selector.register(interrupted, selectors.EVENT_READ)
                 while not self.stop.is_set():
                     self._hand_on_arrived(driver)
-                    selector.select(QUIET_WAIT)
+                    for key, _events in selector.select(QUIET_WAIT):
+                        if key.fileobj is interrupted:
+                            with contextlib.suppress(BlockingIOError):
+                                interrupted.recv(64)  # read, so that the next wait waits
         finally:
             self.listening.clear()
             raw.invalidate()  # never hand a LISTENing connection back to the pool

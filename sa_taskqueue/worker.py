@@ -38,13 +38,7 @@ from sa_taskqueue.completions import Completions
 from sa_taskqueue.concurrency import LIMITED_RECHECK_SECONDS
 from sa_taskqueue.error_text import error_message
 from sa_taskqueue.event_loop_bridge import LoopThread
-from sa_taskqueue.exceptions import (
-    DatabaseBusy,
-    DatabaseError,
-    DatabaseUnavailable,
-    MalformedTask,
-    TaskNotRegistered,
-)
+from sa_taskqueue.exceptions import DatabaseError, DatabaseUnavailable, MalformedTask, TaskNotRegistered
 from sa_taskqueue.execution import (
     CANCELLED_CLEANUP_WAIT,
     ChildProcess,
@@ -533,6 +527,10 @@ class Worker:
     def _execute(self, slot: _Running) -> None:
         """A slot's thread: run the task, record its outcome, free the slot (or leave that to the write)."""
         try:
+            with slot.lock:
+                given_back = slot.given_back
+            if given_back:
+                return  # given back by a shutdown before this thread took it up: not ours to start
             if (self._stopping.is_set() and slot.claimed_ahead) or slot.lease_lost:
                 # Claimed ahead, and its slot came free only after a stop was
                 # asked for, or its lease was lost: it does not start.  A task
@@ -1010,13 +1008,12 @@ class Worker:
     def _database_trouble(self, error: BaseException, retry_in: float) -> None:
         """One clear line when the database goes away; quiet while it stays away.
 
-        A transaction the server rolled back to end a deadlock, or a wait for
-        another connection's lock that ran out, is contention between
-        workers, not an outage: it is logged for what it is, and the
-        database is not taken for gone.
+        A transaction the server rolled back to end a deadlock is contention
+        between workers, not an outage: it is logged for what it is, and
+        the database is not taken for gone.
         """
         message = getattr(error, "orig", None) or error
-        if self._lock_contention(error):
+        if self._lost_lock_race(error):
             logger.info("lost a lock race with another connection, trying again: %s", str(message).strip())
             return
         with self._lock:
@@ -1027,15 +1024,17 @@ class Worker:
         else:
             logger.debug("database still unavailable (next try in %.1fs): %s", retry_in, message)
 
-    def _lock_contention(self, error: BaseException) -> bool:
-        if isinstance(error, DatabaseBusy):
-            return True
+    def _lost_lock_race(self, error: BaseException) -> bool:
+        """Whether the server ended this statement's transaction as a deadlock's victim.
+
+        (A lock wait that ran out is not: a lock held that long, by a
+        migration or a stuck transaction, is trouble to be seen.)
+        """
         cause = error.__cause__
         driver_error = getattr(cause, "orig", None) or cause
         if driver_error is None:
             return False
-        backend = backend_for(self.queue.engine.dialect)
-        return backend.lost_lock_race(driver_error) or backend.lock_wait_ran_out(driver_error)
+        return backend_for(self.queue.engine.dialect).lost_lock_race(driver_error)
 
     def _database_back(self) -> None:
         with self._lock:

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import threading
 from datetime import datetime, timedelta
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -17,6 +18,7 @@ from sqlalchemy.orm import Session
 
 import sa_taskqueue as tq
 from sa_taskqueue import notify
+from sa_taskqueue import worker as worker_module
 from tests.app import executions
 from tests.backends import Backend, reachable
 from tests.helpers import (
@@ -287,32 +289,41 @@ def test_notify_wakes_an_idle_worker_long_before_its_poll(
 
 
 @pytest.mark.requires("notify", "listen")
-def test_a_listening_worker_stops_at_once_not_after_its_quiet_connections_wait(
+def test_a_listening_worker_stops_without_waiting_out_its_quiet_connections_wait(
     engine: sa.Engine, default_queue: tq.TaskQueue, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(notify, "QUIET_WAIT", 3600.0)  # a quiet connection is read only when woken
+    listeners: list[notify.Listener] = []
+
+    def kept_listener(*args: Any, **kwargs: Any) -> notify.Listener:
+        listeners.append(notify.Listener(*args, **kwargs))
+        return listeners[-1]
+
+    monkeypatch.setattr(worker_module, "Listener", kept_listener)
     worker = tq.Worker(default_queue, poll_interval=0.05)
     runner = threading.Thread(target=worker.run)
     runner.start()
     try:
-        wait_until(lambda: listen_connections(engine) == 1, 30, "the worker's LISTEN connection")
+        wait_until(lambda: listen_connections(engine, default_queue) == 1, 30, "the worker to LISTEN")
     finally:
         worker.stop()
         runner.join(timeout=30)
     assert not runner.is_alive()
-    listeners = [thread for thread in threading.enumerate() if thread.name == "sa_taskqueue-listen"]
-    assert listeners == [], "the listener ended with the worker, not an hour later"
-    wait_until(lambda: listen_connections(engine) == 0, 30, "its LISTEN connection to close")
+    assert len(listeners) == 1
+    assert not listeners[0].is_alive(), "the listener ended with the worker, not an hour later"
+    wait_until(lambda: listen_connections(engine, default_queue) == 0, 30, "its LISTEN connection to close")
 
 
-def listen_connections(engine: sa.Engine) -> int:
+def listen_connections(engine: sa.Engine, queue: tq.TaskQueue) -> int:
+    """Connections whose last statement LISTENs on ``queue``'s control channel (a worker's listener's)."""
     with engine.connect() as conn:
         return int(
             conn.execute(
                 sa.text(
                     "SELECT count(*) FROM pg_stat_activity"
-                    " WHERE datname = current_database() AND query LIKE 'LISTEN %'"
-                )
+                    " WHERE datname = current_database() AND query LIKE :listen"
+                ),
+                {"listen": f"LISTEN %{notify.control_channel_name(queue.table)}%"},
             ).scalar_one()
         )
 
