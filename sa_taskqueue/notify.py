@@ -9,11 +9,12 @@ interval, never a task.  Other dialects have no such channel and poll.
 The listener waits in a thread of its own, on its connection's socket and on
 a socket of its own that `Listener.interrupt` writes to, so that a stopping
 worker does not wait for the next notification or timeout; psycopg's
-``notifies()`` then reads what arrived.  For an async engine (psycopg's async mode, or asyncpg) it opens its
-one connection through psycopg's sync driver to the same server, outside the
-engine's pool and event loop: a LISTEN connection is never lent to anyone,
-so nothing is gained by making it async, and the worker's wait stays the
-same.  Where psycopg is not installed (asyncpg alone) the worker polls.
+``notifies()`` then reads what arrived.  For an async engine (psycopg's
+async mode, or asyncpg) it opens its one connection through psycopg's sync
+driver to the same server, outside the engine's pool and event loop: a
+LISTEN connection is never lent to anyone, so nothing is gained by making it
+async, and the worker's wait stays the same.  Where psycopg is not installed
+(asyncpg alone) the worker polls.
 """
 
 from __future__ import annotations
