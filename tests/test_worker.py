@@ -281,6 +281,47 @@ def test_a_task_claimed_for_a_free_slot_runs_though_a_stop_comes_before_its_thre
 
 
 @pytest.mark.requires("claims_ahead")
+def test_of_one_claim_a_stop_starts_the_task_for_the_free_slot_and_gives_back_the_one_claimed_ahead(
+    queue: tq.TaskQueue, engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writing, write_may_go = hold_success_writes(queue, monkeypatch)
+    with Session(engine) as session:
+        queue.enqueue(session, "record", {"key": 1})
+        session.commit()
+    # With a success hook a slot's thread waits for its write: while the
+    # first task's is held, one slot is free and one is writing.
+    worker = tq.Worker(queue, concurrency=2, poll_interval=0.05, on_success=lambda _task, _result: None)
+    runner = threading.Thread(target=worker.run)
+    runner.start()
+    try:
+        assert writing.wait(30), "the first task's success is being written"
+        real_claim = queue.claim
+
+        def claim_then_stop(*args: object, **kwargs: object) -> list[tq.ClaimedTask]:
+            if kwargs["limit"] != 2:
+                return []  # sized before the write began: the next claim counts the slot writing
+            claimed = real_claim(*args, **kwargs)  # type: ignore[arg-type]
+            if claimed:
+                worker.stop()  # before any thread has taken up what was claimed
+            return claimed
+
+        monkeypatch.setattr(queue, "claim", claim_then_stop)
+        with Session(engine) as session:
+            ids = [queue.enqueue(session, "record", {"key": key}).id for key in (2, 3)]
+            session.commit()
+        # One claim takes both: one for the free slot, one ahead for the slot writing.
+        wait_until(lambda: len(executions(engine)) == 2, 30, "the free slot's task to run")
+    finally:
+        write_may_go.set()
+        runner.join(timeout=60)
+    assert not runner.is_alive()
+    outcomes = sorted((row.status, row.attempts) for row in rows(engine) if row.id in ids)
+    assert outcomes == [(tq.TaskStatus.COMPLETED, 1), (tq.TaskStatus.QUEUED, 0)]
+    assert sorted(executions(engine).values()) == [1, 1], "each task that started ran once"
+    assert worker.given_back == 1
+
+
+@pytest.mark.requires("claims_ahead")
 def test_a_slot_whose_success_another_slot_writes_runs_a_task_claimed_ahead_meanwhile(
     queue: tq.TaskQueue, engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
