@@ -51,7 +51,11 @@ class StatementExecutor:
             with self._mutex:
                 found = self._kept.get((engine, autocommit))
                 if found is None:
-                    found = self._kept[engine, autocommit] = KeptConnection(engine, autocommit=autocommit)
+                    found = self._kept[engine, autocommit] = KeptConnection(
+                        engine,
+                        autocommit=autocommit,
+                        transaction_isolation=backend_for(engine.dialect).locking_reads_isolation,
+                    )
         return found
 
     @contextmanager

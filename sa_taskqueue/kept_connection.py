@@ -53,18 +53,21 @@ class KeptConnection:
     ``autocommit`` keeps them in the driver's autocommit mode, for statements
     that are atomic on their own (and for SQLite's explicit ``BEGIN
     IMMEDIATE``); otherwise each loan is a transaction that commits when the
-    borrower is done.  After an error the connection lent is closed and a
-    later loan checks out a new one, so a broken connection is never lent
-    again.  The one used last is lent first, so a single thread always gets
-    the same connection.  A forked child never touches the connections its
-    parent kept, idle or lent: it checks out its own, and leaves the
+    borrower is done, at ``transaction_isolation`` if given (set once per
+    connection kept; the pool sets its own level back when it returns).
+    After an error the connection lent is closed and a later loan checks
+    out a new one, so a broken connection is never lent again.  The one
+    used last is lent first, so a single thread always gets the same
+    connection.  A forked child never touches the connections its parent
+    kept, idle or lent: it checks out its own, and leaves the
     parent's alone (closing them, or letting them be collected, would write
     on the parent's socket).
     """
 
-    def __init__(self, engine: Engine, *, autocommit: bool) -> None:
+    def __init__(self, engine: Engine, *, autocommit: bool, transaction_isolation: str | None = None) -> None:
         self.engine = engine
         self.autocommit = autocommit
+        self.transaction_isolation = transaction_isolation
         self._lock = threading.Lock()
         self._idle: list[_Kept] = []  # kept and not lent; the one used last at the end
         self._lent: list[_Kept] = []  # kept and lent out now
@@ -139,6 +142,8 @@ class KeptConnection:
             conn = self.engine.connect()
             if self.autocommit:
                 conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+            elif self.transaction_isolation is not None:
+                conn = conn.execution_options(isolation_level=self.transaction_isolation)
         except BaseException:
             with self._lock:
                 self._connecting -= 1

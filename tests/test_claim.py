@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -355,6 +356,31 @@ def test_complete_many_checks_every_result_before_writing_any(queue: tq.TaskQueu
         queue.complete_many([first, second], [1])
     assert {task_row(engine, task.id).status for task in (first, second)} == {tq.TaskStatus.RUNNING}
     assert queue.complete_many([first, second]) == {first.id, second.id}
+
+
+def test_complete_many_stores_each_result_as_complete_stores_it(
+    queue: tq.TaskQueue, engine: sa.Engine
+) -> None:
+    results: list[Any] = [
+        'quotes " and \\ backslashes, a tab\t and a newline\n',
+        "ünïcödé, 漢字 and an emoji 🎉",
+        {"nested": {"list": [1, 2.5, True, None], "empty": {}}, "": []},
+        [],
+        2**53 + 1,
+        -0.125,
+        False,
+        "",
+        None,
+        {"n": 1, "comma,": "brace}", 'quote"': "x"},
+    ]
+    ids = enqueue(queue, engine, 2 * len(results))
+    claimed = queue.claim(limit=len(ids))
+    by_one, together = claimed[: len(results)], claimed[len(results) :]
+    for task, result in zip(by_one, results, strict=True):
+        assert queue.complete(task, result)
+    assert queue.complete_many(together, results) == {task.id for task in together}
+    for one, other, result in zip(by_one, together, results, strict=True):
+        assert task_row(engine, one.id).result == task_row(engine, other.id).result == result
 
 
 def test_complete_many_writes_more_tasks_than_one_statement_takes(

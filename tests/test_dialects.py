@@ -6,8 +6,10 @@ how the Oracle and MySQL 8 paths are checked where no such server runs.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -399,6 +401,38 @@ def test_mysql_claims_under_read_committed(engine: sa.Engine) -> None:
         variable = "tx_isolation" if getattr(conn.dialect, "is_mariadb", False) else "transaction_isolation"
         session_level = conn.execute(sa.text(f"SELECT @@SESSION.{variable}")).scalar_one()
     assert session_level == "REPEATABLE-READ", "the application's own transactions are left alone"
+
+
+@pytest.mark.backends("mysql", "mariadb")
+def test_mysql_kept_connections_stay_at_read_committed_and_go_back_to_the_pool_as_they_came(
+    engine: sa.Engine,
+) -> None:
+    # A kept connection is set to READ COMMITTED once, so its claims send no
+    # SET TRANSACTION each; once given back, the pool hands it out as it was.
+    strategy = SkipLockedStrategy()
+    sent: list[str] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        sent.append(statement)
+
+    # MariaDB still calls it tx_isolation; MySQL 8 only transaction_isolation.
+    variable = "tx_isolation" if getattr(engine.dialect, "is_mariadb", False) else "transaction_isolation"
+    sa.event.listen(engine, "before_cursor_execute", record)
+    try:
+        for _ in range(3):
+            with strategy.transaction(engine) as conn:
+                conn.execute(locking_select(TABLE, REQUEST, TABLE.c.id).limit(1), REQUEST.params())
+                level = conn.execute(sa.text(f"SELECT @@SESSION.{variable}")).scalar_one()
+                assert level == "READ-COMMITTED"
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", record)
+    assert not [statement for statement in sent if statement.upper().startswith("SET")]
+    strategy.executor.close()
+    with contextlib.ExitStack() as stack:
+        # Every connection the pool holds, the one given back among them.
+        conns = [stack.enter_context(engine.connect()) for _ in range(engine.pool.checkedin() + 1)]
+        levels = {conn.execute(sa.text(f"SELECT @@SESSION.{variable}")).scalar_one() for conn in conns}
+    assert levels == {"REPEATABLE-READ"}
 
 
 def _ddl(dialect: sa.engine.Dialect) -> str:

@@ -99,9 +99,15 @@ class Backend:
     #: Off where writers queue for one lock (SQLite), so the claim would only
     #: wait, and where measurements found no gain (MySQL, MariaDB).
     claims_ahead = False
-    #: Many tasks complete in one statement whose claims go as one array per
-    #: column (``UPDATE ... FROM unnest(...)``), whatever the batch size.
+    #: Many tasks complete in one statement whose claims go as an array of ids
+    #: and one JSON document (``UPDATE ... FROM json_to_recordset(...)``),
+    #: whatever the batch size.
     completes_from_arrays = False
+    #: The isolation level `begin_locking_reads` sets, or None.  The
+    #: connections kept for hot statements are set to it once, when checked
+    #: out (SQLAlchemy sets the pool's level back when they return), so their
+    #: transactions need no statement of their own for it.
+    locking_reads_isolation: str | None = None
     #: What turns a statement into a request for its plan.
     explain_prefix = "EXPLAIN "
 
@@ -174,7 +180,15 @@ class Backend:
         """Database-wide settings the queue relies on, applied on first use of ``engine``."""
 
     def begin_locking_reads(self, conn: Connection) -> None:
-        """Make the transaction just begun on ``conn`` fit for locking reads that skip locked rows."""
+        """Make the transaction just begun on ``conn`` fit for locking reads that skip locked rows.
+
+        Nothing to do where the connection runs at `locking_reads_isolation`
+        already (a kept connection).
+        """
+        level = self.locking_reads_isolation
+        if level is None or conn.get_execution_options().get("isolation_level") == level:
+            return
+        conn.exec_driver_sql(f"SET TRANSACTION ISOLATION LEVEL {level}")
 
     # Advisory locks -------------------------------------------------------------------
 

@@ -77,13 +77,12 @@ class MySQLBackend(Backend):
     def skip_locked_since(self) -> tuple[int, ...]:  # type: ignore[override]
         return MARIADB_SKIP_LOCKED_SINCE if self.is_mariadb else MYSQL_SKIP_LOCKED_SINCE
 
-    def begin_locking_reads(self, conn: Connection) -> None:
-        # Under the default REPEATABLE READ a locking read also takes gap
-        # locks on the index range it walked, which block enqueues into that
-        # range and deadlock concurrent claimers; READ COMMITTED locks only
-        # the rows it returns.  SET TRANSACTION (no SESSION) applies to this
-        # transaction alone: nothing to reset afterwards.
-        conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+    # Under the default REPEATABLE READ a locking read also takes gap locks
+    # on the index range it walked, which block enqueues into that range and
+    # deadlock concurrent claimers; READ COMMITTED locks only the rows it
+    # returns.  On a pooled connection it is set by SET TRANSACTION (no
+    # SESSION), for that transaction alone: nothing to reset afterwards.
+    locking_reads_isolation = "READ COMMITTED"
 
     @property
     def advisory_locks(self) -> bool:

@@ -34,7 +34,7 @@ from sa_taskqueue.backends import backend_for
 from sa_taskqueue.claimed import ClaimedTask
 from sa_taskqueue.finished import announced_ids, announcing, notify_finished
 from sa_taskqueue.model import FINISHED_STATUSES, TaskStatus, has_status
-from sa_taskqueue.strategies.held_arrays import complete_from_arrays_statement, held_arrays
+from sa_taskqueue.strategies.held_arrays import complete_from_arrays_statement, held_claims
 from sa_taskqueue.types import UTCDateTime
 
 if TYPE_CHECKING:
@@ -206,7 +206,7 @@ class LeaseWrites:
         results: Sequence[Any],
         now: datetime,
     ) -> set[int]:
-        """`complete_many` in one statement for any batch size (`held_arrays`), announced where it can."""
+        """`complete_many` in one statement for any batch size (`held_claims`), announced where it can."""
         announce = backend_for(engine.dialect).notify
 
         def build() -> Any:
@@ -217,7 +217,7 @@ class LeaseWrites:
         params: dict[str, Any] = {
             HELD_NOW: now,
             "finished_now": now,
-            **held_arrays([task.claim_key for task in tasks], list(results)),
+            **held_claims([task.claim_key for task in tasks], list(results), engine.dialect),
         }
         with self.executor.single_statement(engine) as conn:
             written = statement.execute(conn, params)
