@@ -35,9 +35,10 @@ from benchmarks.enqueue import RAW_PATHS, enqueue_rate
 from benchmarks.latency import percentiles, pickup_latency
 from benchmarks.peers import IMPLEMENTATIONS, PEERS, missing_peers, worker_drain
 from benchmarks.raw_batch import QUEUE_BATCH, RAW_BATCH
+from benchmarks.statements import StatementCosts, statement_costs
 
 RESULTS = Path("benchmarks/results")
-SECTIONS = ("drain", "enqueue", "latency", "peers", "depth", "controls", "batching")
+SECTIONS = ("drain", "enqueue", "latency", "peers", "depth", "controls", "batching", "statements")
 
 
 def spread(values: list[float]) -> dict[str, float]:
@@ -80,6 +81,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--latency-samples", type=int, default=40)
     parser.add_argument("--depths", default="0,100000,1000000", help="finished rows (SQLite stops at 100000)")
     parser.add_argument("--peer-tasks", type=int, default=1000, help="tasks per worker-against-worker run")
+    parser.add_argument(
+        "--statement-tasks", type=int, default=2000, help="tasks per drain of the statements section"
+    )
     parser.add_argument("--sections", default=",".join(SECTIONS))
     parser.add_argument("--json", default=str(RESULTS / "latest.json"))
     return parser.parse_args(argv)
@@ -528,6 +532,63 @@ def batching_section(run: Run) -> dict[str, Any]:
     return {"batching": rows}
 
 
+def statements_section(run: Run) -> dict[str, Any]:
+    """Client CPU and wall time of one claim and one completion of B tasks, against the raw driver's.
+
+    One process, no other running: sa_taskqueue's calls and the raw batch
+    client's take turns within each repeat; figures are medians over the
+    repeats of each drain's mean µs per call.
+    """
+    tasks = run.args.statement_tasks
+    table = new_table(
+        f"client cost per call, µs, one process draining {tasks:,} tasks, median of {run.args.repeats}: "
+        "CPU (wall)",
+        (
+            "backend",
+            "B",
+            "claim, sa_taskqueue",
+            "claim, raw",
+            "completion, sa_taskqueue",
+            "completion, raw",
+            "CPU a task, sa_taskqueue / raw",
+            "wall a task, raw / sa_taskqueue",
+        ),
+    )
+    implementations = (QUEUE_BATCH, RAW_BATCH)
+    rows = []
+    for target in run.backends:
+        for b in run.batches:
+            measured: dict[str, list[StatementCosts]] = {name: [] for name in implementations}
+            for _ in range(run.args.repeats):
+                for name in implementations:
+                    measured[name].append(statement_costs(name, target.url, tasks, b))
+            row: dict[str, Any] = {"backend": target.name, "batch": b}
+            for name, costs in measured.items():
+                row[name] = {
+                    field: statistics.median(getattr(cost, field) for cost in costs)
+                    for field in ("claim_wall", "claim_cpu", "complete_wall", "complete_cpu")
+                }
+                row[name]["task_cpu"] = statistics.median(cost.per_task(cpu=True) for cost in costs)
+                row[name]["task_wall"] = statistics.median(cost.per_task(cpu=False) for cost in costs)
+            ours, raw = row[QUEUE_BATCH], row[RAW_BATCH]
+            row["cpu_ratio"] = ours["task_cpu"] / raw["task_cpu"]
+            row["wall_ratio"] = raw["task_wall"] / ours["task_wall"]
+            rows.append(row)
+            table.add_row(
+                target.name,
+                str(b),
+                *(
+                    f"{costs[kind + '_cpu']:,.0f} ({costs[kind + '_wall']:,.0f})"
+                    for kind in ("claim", "complete")
+                    for costs in (ours, raw)
+                ),
+                f"{ours['task_cpu']:,.0f} / {raw['task_cpu']:,.0f} = {row['cpu_ratio']:.1f}x",
+                f"{row['wall_ratio']:.0%}",
+            )
+    run.console.print(table)
+    return {"statements": rows}
+
+
 SECTION_RUNNERS: dict[str, Callable[[Run], dict[str, Any]]] = {
     "drain": drain_section,
     "enqueue": enqueue_section,
@@ -536,6 +597,7 @@ SECTION_RUNNERS: dict[str, Callable[[Run], dict[str, Any]]] = {
     "depth": depth_section,
     "controls": controls_section,
     "batching": batching_section,
+    "statements": statements_section,
 }
 
 
