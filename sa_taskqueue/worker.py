@@ -89,7 +89,6 @@ class _Running:
     child: ChildProcess | None = None
     coroutine: Future[Outcome] | None = None  # an async def task's run on its loop
     given_back: bool = False
-    began: bool = False  # a thread has taken it up (a task claimed ahead waits for one)
     #: Claimed for a slot still writing its last success, not for a free one:
     #: a stop asked for before its thread takes it up gives it back unstarted.
     claimed_ahead: bool = False
@@ -539,7 +538,6 @@ class Worker:
                 self._no_success(slot)
                 self._give_back_unstarted(slot)
                 return
-            slot.began = True
             self._run_task(slot)
         except Exception as error:
             logger.exception(
