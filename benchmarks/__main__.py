@@ -536,8 +536,9 @@ def statements_section(run: Run) -> dict[str, Any]:
     """Client CPU and wall time of one claim and one completion of B tasks, against the raw driver's.
 
     One process, no other running: sa_taskqueue's calls and the raw batch
-    client's take turns within each repeat; figures are medians over the
-    repeats of each drain's mean µs per call.
+    client's take turns within each repeat, the one going first swapped
+    from one repeat to the next; figures are medians over the repeats of
+    each drain's mean µs per call.
     """
     tasks = run.args.statement_tasks
     table = new_table(
@@ -559,8 +560,8 @@ def statements_section(run: Run) -> dict[str, Any]:
     for target in run.backends:
         for b in run.batches:
             measured: dict[str, list[StatementCosts]] = {name: [] for name in implementations}
-            for _ in range(run.args.repeats):
-                for name in implementations:
+            for repeat in range(run.args.repeats):
+                for name in implementations[:: 1 if repeat % 2 == 0 else -1]:
                     measured[name].append(statement_costs(name, target.url, tasks, b))
             row: dict[str, Any] = {"backend": target.name, "batch": b}
             for name, costs in measured.items():

@@ -25,7 +25,10 @@ from sa_taskqueue.prepared import PreparedStatement
 class StatementExecutor:
     """Compiled statements and kept connections, shared by every thread of one strategy."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, locking_reads: bool = False) -> None:
+        #: Its transactions take locking reads: kept connections run at the
+        #: backend's `Backend.locking_reads_isolation` (where it has one).
+        self.locking_reads = locking_reads
         self._statements: dict[tuple[Any, ...], PreparedStatement] = {}
         self._kept: dict[tuple[Engine, bool], KeptConnection] = {}
         self._mutex = threading.Lock()
@@ -48,13 +51,12 @@ class StatementExecutor:
         """The connections kept for ``engine``'s hot statements, in either mode."""
         found = self._kept.get((engine, autocommit))
         if found is None:
+            isolation = backend_for(engine.dialect).locking_reads_isolation if self.locking_reads else None
             with self._mutex:
                 found = self._kept.get((engine, autocommit))
                 if found is None:
                     found = self._kept[engine, autocommit] = KeptConnection(
-                        engine,
-                        autocommit=autocommit,
-                        transaction_isolation=backend_for(engine.dialect).locking_reads_isolation,
+                        engine, autocommit=autocommit, transaction_isolation=isolation
                     )
         return found
 

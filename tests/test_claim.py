@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -12,6 +13,7 @@ from sqlalchemy.orm import Session
 
 import sa_taskqueue as tq
 from tests.app import make_queue
+from tests.backends import Backend
 from tests.helpers import MovableClock, task_row, wait_until
 from tests.helpers import enqueue_records as enqueue
 
@@ -296,6 +298,27 @@ def test_complete_many_writes_only_the_tasks_still_held_each_with_its_result(
     assert queue.complete_many([kept]) == set(), "a finished task is not written twice"
 
 
+def test_complete_many_refuses_a_claim_given_back_and_taken_again_by_the_same_worker(
+    clocked_queue: tq.TaskQueue, engine: sa.Engine, clock: MovableClock
+) -> None:
+    # The claim given back and the one that took the task again share the
+    # worker and the attempt (a release does not count it): only the start
+    # tells them apart, and the batch must not let the old claim write.
+    queue = clocked_queue
+    given_back_id, other_id = enqueue(queue, engine, 2)
+    given_back, other = queue.claim(limit=2, worker_id="w")
+    assert queue.release(given_back) is True
+    clock.advance(TICK)
+    [again] = queue.claim(worker_id="w")
+    assert (again.id, again.attempts, again.locked_by) == (given_back_id, given_back.attempts, "w")
+    assert queue.complete_many([given_back, other], ["stale", "other's"]) == {other_id}
+    row = task_row(engine, given_back_id)
+    assert (row.status, row.result) == (tq.TaskStatus.RUNNING, None)
+    clock.advance(TICK)
+    assert queue.complete_many([again, given_back], ["fresh", "stale"]) == {given_back_id}
+    assert task_row(engine, given_back_id).result == "fresh"
+
+
 def a_claim_lost_and_a_claim_kept(
     queue: tq.TaskQueue, engine: sa.Engine, strategy_name: str, lease: timedelta, clock: MovableClock
 ) -> tuple[tq.ClaimedTask, tq.ClaimedTask, tq.ClaimedTask]:
@@ -381,6 +404,26 @@ def test_complete_many_stores_each_result_as_complete_stores_it(
     assert queue.complete_many(together, results) == {task.id for task in together}
     for one, other, result in zip(by_one, together, results, strict=True):
         assert task_row(engine, one.id).result == task_row(engine, other.id).result == result
+
+
+@pytest.mark.backends("postgres")
+def test_complete_many_takes_an_engines_json_serializer_that_gives_bytes(
+    backend: Backend, engine: sa.Engine, strategy_name: str, lease: timedelta
+) -> None:
+    # orjson's dumps, say, gives UTF-8 bytes: psycopg takes them for one
+    # result, and a batch of results takes them too.
+    bytes_engine = sa.create_engine(backend.url, json_serializer=lambda value: json.dumps(value).encode())
+    queue = make_queue(bytes_engine, strategy_name, lease)
+    try:
+        enqueue(queue, engine, 3)
+        alone, *together = queue.claim(limit=3)
+        assert queue.complete(alone, {"alone": "é"})
+        assert queue.complete_many(together, [{"n": 1}, ["ü", None]]) == {task.id for task in together}
+        results = [task_row(engine, task.id).result for task in (alone, *together)]
+        assert results == [{"alone": "é"}, {"n": 1}, ["ü", None]]
+    finally:
+        queue.close()
+        bytes_engine.dispose()
 
 
 def test_complete_many_writes_more_tasks_than_one_statement_takes(

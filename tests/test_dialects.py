@@ -435,6 +435,18 @@ def test_mysql_kept_connections_stay_at_read_committed_and_go_back_to_the_pool_a
     assert levels == {"REPEATABLE-READ"}
 
 
+@pytest.mark.backends("mysql", "mariadb")
+def test_mysql_strategies_without_locking_reads_keep_the_pools_isolation_level(engine: sa.Engine) -> None:
+    variable = "tx_isolation" if getattr(engine.dialect, "is_mariadb", False) else "transaction_isolation"
+    strategy = ConditionalUpdateStrategy()
+    try:
+        with strategy.executor.transaction(engine) as conn:
+            level = conn.execute(sa.text(f"SELECT @@SESSION.{variable}")).scalar_one()
+    finally:
+        strategy.executor.close()
+    assert level == "REPEATABLE-READ"
+
+
 def _ddl(dialect: sa.engine.Dialect) -> str:
     """The task table's CREATE TABLE and CREATE INDEX statements for ``dialect``."""
     statements = [CreateTable(TABLE), *(CreateIndex(index) for index in TABLE.indexes)]

@@ -104,9 +104,10 @@ class Backend:
     #: whatever the batch size.
     completes_from_arrays = False
     #: The isolation level `begin_locking_reads` sets, or None.  The
-    #: connections kept for hot statements are set to it once, when checked
-    #: out (SQLAlchemy sets the pool's level back when they return), so their
-    #: transactions need no statement of their own for it.
+    #: connections a strategy whose claims are locking reads keeps for its
+    #: hot statements are set to it once, when checked out (SQLAlchemy sets
+    #: the pool's level back when they return), so their transactions need no
+    #: statement of their own for it.
     locking_reads_isolation: str | None = None
     #: What turns a statement into a request for its plan.
     explain_prefix = "EXPLAIN "

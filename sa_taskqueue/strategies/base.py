@@ -35,10 +35,13 @@ class ClaimStrategy(LeaseWrites, ABC):
 
     #: The registered name (``"skip_locked"``, ``"conditional_update"``, ``"advisory_lock"``).
     name: ClassVar[str]
+    #: Its claims are locking reads (`Backend.begin_locking_reads`): its kept
+    #: connections run at the backend's `Backend.locking_reads_isolation`.
+    locking_reads: ClassVar[bool] = False
 
     def __init__(self) -> None:
         #: The compiled statements and kept connections this strategy runs its SQL with.
-        self.executor = StatementExecutor()
+        self.executor = StatementExecutor(locking_reads=self.locking_reads)
 
     @classmethod
     def unsupported_reason(cls, dialect: Dialect) -> str | None:

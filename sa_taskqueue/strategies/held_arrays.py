@@ -85,20 +85,24 @@ def held_claims(
     A claim's start goes as ISO 8601 text with its microseconds, which the
     server reads back to the same instant; a naive one is refused, as the
     column's type refuses it.  Results are serialised as the engine
-    serialises JSON (its ``json_serializer``); None stays SQL NULL.
+    serialises JSON (its ``json_serializer``, text or UTF-8 bytes); None stays SQL NULL.
     """
     check_start: Callable[[datetime, Dialect], datetime | None] = UTCDateTime().process_bind_param
-    dumps: Callable[[Any], str] = getattr(dialect, "_json_serializer", None) or json.dumps
+    dumps: Callable[[Any], str | bytes] = getattr(dialect, "_json_serializer", None) or json.dumps
     claims = []
     for (task_id, locked_by, attempts, started_at), result in zip(claim_keys, results, strict=True):
         start = check_start(started_at, dialect)
+        if start is not None and start.tzinfo is None:
+            start = start.replace(tzinfo=UTC)  # (a backend storing naive UTC got it back without its zone)
+        document = None if result is None else dumps(result)
         claims.append(
             {
                 "id": task_id,
                 "locked_by": locked_by,
                 "attempts": attempts,
                 "started_at": start.astimezone(UTC).isoformat() if start is not None else None,
-                "result": None if result is None else dumps(result),
+                # (A serializer may give bytes, as orjson's does: JSON is UTF-8.)
+                "result": document.decode() if isinstance(document, bytes) else document,
             }
         )
     return {HELD_IDS: [task_id for task_id, *_ in claim_keys], HELD_CLAIMS: json.dumps(claims)}

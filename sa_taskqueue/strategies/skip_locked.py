@@ -39,6 +39,7 @@ class SkipLockedStrategy(ClaimStrategy):
     """Row locks taken with SKIP LOCKED for the length of the claim, then a lease."""
 
     name = "skip_locked"
+    locking_reads = True
 
     @classmethod
     def unsupported_reason(cls, dialect: Dialect) -> str | None:
