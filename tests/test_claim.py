@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import pickle
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -255,6 +257,40 @@ def test_extending_the_lease_keeps_the_task(
     assert task_row(engine, task_id).locked_until > claimed.locked_until + timedelta(seconds=1)
     assert queue.claim() == [], "still held: its lease was renewed"
     assert queue.complete(claimed) is True
+
+
+def test_a_task_built_from_a_claimed_row_is_the_snapshot_its_constructor_builds() -> None:
+    now = datetime.now(UTC)
+    row = {
+        "id": 7,
+        "name": "record",
+        "queue": "default",
+        "priority": 0,
+        "params": '{"key": 1}',
+        "attempts": 1,
+        "max_attempts": 3,
+        "run_at": now,
+        "created_at": now,
+        "started_at": now,
+        "locked_by": "w",
+        "locked_until": now,
+    }
+    built = tq.ClaimedTask.from_row(row)
+    expected = tq.ClaimedTask(**{**row, "params": {"key": 1}})  # type: ignore[arg-type]
+    assert built == expected and repr(built) == repr(expected)
+    assert dataclasses.replace(built, attempts=2) == dataclasses.replace(expected, attempts=2)
+    assert pickle.loads(pickle.dumps(built)) == expected
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        built.attempts = 2  # type: ignore[misc]
+
+    @dataclasses.dataclass(frozen=True)
+    class Checked(tq.ClaimedTask):
+        def __post_init__(self) -> None:
+            if self.attempts > self.max_attempts:
+                raise ValueError("over its attempts")
+
+    with pytest.raises(ValueError, match="over its attempts"):
+        Checked.from_row({**row, "attempts": 4})
 
 
 def test_release_gives_a_task_back_without_counting_the_attempt(
