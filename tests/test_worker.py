@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -288,6 +288,22 @@ def test_of_one_claim_a_stop_starts_the_task_for_the_free_slot_and_gives_back_th
     with Session(engine) as session:
         queue.enqueue(session, "record", {"key": 1})
         session.commit()
+    real_claim = queue.claim
+    armed = False
+    arming = threading.Lock()  # held through each claim made before arming
+
+    def claim_then_stop(*args: object, **kwargs: object) -> list[tq.ClaimedTask]:
+        with arming:
+            if not armed:
+                return real_claim(*args, **kwargs)  # type: ignore[arg-type]
+        if kwargs["limit"] != 2:
+            return []  # sized before the write began: the next claim counts the slot writing
+        claimed = real_claim(*args, **kwargs)  # type: ignore[arg-type]
+        if claimed:
+            worker.stop()  # before any thread has taken up what was claimed
+        return claimed
+
+    monkeypatch.setattr(queue, "claim", claim_then_stop)
     # With a success hook a slot's thread waits for its write: while the
     # first task's is held, one slot is free and one is writing.
     worker = tq.Worker(queue, concurrency=2, poll_interval=0.05, on_success=lambda _task, _result: None)
@@ -295,19 +311,14 @@ def test_of_one_claim_a_stop_starts_the_task_for_the_free_slot_and_gives_back_th
     runner.start()
     try:
         assert writing.wait(30), "the first task's success is being written"
-        real_claim = queue.claim
-
-        def claim_then_stop(*args: object, **kwargs: object) -> list[tq.ClaimedTask]:
-            if kwargs["limit"] != 2:
-                return []  # sized before the write began: the next claim counts the slot writing
-            claimed = real_claim(*args, **kwargs)  # type: ignore[arg-type]
-            if claimed:
-                worker.stop()  # before any thread has taken up what was claimed
-            return claimed
-
-        monkeypatch.setattr(queue, "claim", claim_then_stop)
+        with arming:  # a claim already under way ends before the next tasks exist
+            armed = True
+        # Both due before either is enqueued: a claim that reads its clock
+        # between the two enqueues, and its rows after their commit, takes
+        # both all the same.
+        due = datetime.now(UTC) - timedelta(seconds=1)
         with Session(engine) as session:
-            ids = [queue.enqueue(session, "record", {"key": key}).id for key in (2, 3)]
+            ids = [queue.enqueue(session, "record", {"key": key}, run_at=due).id for key in (2, 3)]
             session.commit()
         # One claim takes both: one for the free slot, one ahead for the slot writing.
         wait_until(lambda: len(executions(engine)) == 2, 30, "the free slot's task to run")
