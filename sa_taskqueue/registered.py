@@ -65,6 +65,8 @@ class RegisteredTask(Generic[P, R]):
         functools.update_wrapper(self, func)
         self._signature = signature_to_check(func, skip_session=options.transactional)
         self._fitting_keys: set[frozenset[str]] = set()
+        self._async_of: object = None
+        self._is_async = False
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         return self.func(*args, **kwargs)
@@ -115,7 +117,12 @@ class RegisteredTask(Generic[P, R]):
     @property
     def is_async(self) -> bool:
         """Whether the function is an ``async def``: the worker runs it on an event loop."""
-        return inspect.iscoroutinefunction(self.func)
+        # Asked for every task a worker runs: looked up once per function.
+        func = self.func
+        if self._async_of is not func:
+            self._is_async = inspect.iscoroutinefunction(func)
+            self._async_of = func
+        return self._is_async
 
     def check_params(self, params: Mapping[str, Any]) -> None:
         """Params the function can be called with, as the worker will call it (``func(**params)``).

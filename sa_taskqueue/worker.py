@@ -26,7 +26,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from functools import partial
 from types import FrameType
@@ -50,6 +50,7 @@ from sa_taskqueue.execution import (
 from sa_taskqueue.log_fields import task_fields
 from sa_taskqueue.notify import Listener, can_listen
 from sa_taskqueue.schedules import run_ticker
+from sa_taskqueue.slot_threads import SlotThreads
 from sa_taskqueue.transactional import AsyncRun, SyncRun, check_no_transactional, log_lease_lost
 from sa_taskqueue.validation import is_storable
 from sa_taskqueue.watchdog import Watchdog, kill_at, register_child
@@ -284,7 +285,7 @@ class Worker:
         )
         for thread in background:
             thread.start()
-        pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="sa_taskqueue-task")
+        pool = SlotThreads(self.concurrency, self._take_up, self._never_taken_up, name="sa_taskqueue-task")
         self._completions.start()
         try:
             try:
@@ -306,7 +307,7 @@ class Worker:
                 # Threads still busy: given back and running on, or stuck writing.
                 self.abandoned = len(self._running)
             # Threads of tasks given back may still run; nothing waits for them.
-            pool.shutdown(wait=False, cancel_futures=True)
+            pool.shutdown()
             for thread in background:
                 thread.join(timeout=2)
             if self._watchdog is not None:
@@ -355,7 +356,7 @@ class Worker:
 
     # The claim loop ----------------------------------------------------------
 
-    def _loop(self, pool: ThreadPoolExecutor) -> None:
+    def _loop(self, pool: SlotThreads[_Running]) -> None:
         claim_ahead = backend_for(self.queue.engine.dialect).claims_ahead
         idle_delay = MIN_POLL_INTERVAL
         error_backoff = 0.0
@@ -412,8 +413,7 @@ class Worker:
                 # Each ended by its success, or by _no_success; all before any can end.
                 self._completions.begin(len(slots))
             for slot in slots:
-                future = pool.submit(self._execute, slot)
-                future.add_done_callback(partial(self._thread_done, slot))
+                pool.submit(slot)
             if len(claimed) == free:
                 idle_delay = MIN_POLL_INTERVAL
                 continue  # every slot taken: wait for one below, then claim again
@@ -437,14 +437,19 @@ class Worker:
         self._wake.wait(timeout)
         self._wake.clear()
 
-    def _thread_done(self, slot: _Running, future: Future[None]) -> None:
-        if future.cancelled():  # never taken up: the pool was shut down first
-            self._no_success(slot)
-            self._free(slot)
-        elif future.exception() is not None:
-            logger.error("a task slot ended with an error: %r", future.exception())
+    def _take_up(self, slot: _Running) -> None:
+        """A slot's thread takes up its task."""
+        try:
+            self._execute(slot)
+        except BaseException as error:  # noqa: BLE001 - the thread serves the next slot all the same
+            logger.error("a task slot ended with an error: %r", error)
             if not slot.handed_off:  # (else its write frees it)
                 self._free(slot)
+
+    def _never_taken_up(self, slot: _Running) -> None:
+        """No thread took the task up before the worker stopped."""
+        self._no_success(slot)
+        self._free(slot)
 
     def _free(self, slot: _Running) -> None:
         """The slot's task is done with, its outcome written: another may be claimed for it."""
