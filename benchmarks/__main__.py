@@ -36,9 +36,20 @@ from benchmarks.latency import percentiles, pickup_latency
 from benchmarks.peers import IMPLEMENTATIONS, PEERS, missing_peers, worker_drain
 from benchmarks.raw_batch import QUEUE_BATCH, RAW_BATCH
 from benchmarks.statements import StatementCosts, statement_costs
+from benchmarks.worker_cost import WorkerCost, worker_cost
 
 RESULTS = Path("benchmarks/results")
-SECTIONS = ("drain", "enqueue", "latency", "peers", "depth", "controls", "batching", "statements")
+SECTIONS = (
+    "drain",
+    "enqueue",
+    "latency",
+    "peers",
+    "depth",
+    "controls",
+    "batching",
+    "statements",
+    "worker_cost",
+)
 
 
 def spread(values: list[float]) -> dict[str, float]:
@@ -83,6 +94,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--peer-tasks", type=int, default=1000, help="tasks per worker-against-worker run")
     parser.add_argument(
         "--statement-tasks", type=int, default=2000, help="tasks per drain of the statements section"
+    )
+    parser.add_argument(
+        "--worker-cost-tasks", type=int, default=20000, help="tasks per run of the worker_cost section"
     )
     parser.add_argument("--sections", default=",".join(SECTIONS))
     parser.add_argument("--json", default=str(RESULTS / "latest.json"))
@@ -590,6 +604,40 @@ def statements_section(run: Run) -> dict[str, Any]:
     return {"statements": rows}
 
 
+def worker_cost_section(run: Run) -> dict[str, Any]:
+    """A worker's own CPU a task, beside its statements: `run_worker` with the database answered from memory.
+
+    No server: one row per B, each figure the median over the repeats, each
+    repeat a worker in a fresh process.
+    """
+    tasks = run.args.worker_cost_tasks
+    table = new_table(
+        f"the worker's own cost, {tasks:,} no-op tasks, claims and completions answered from memory, "
+        f"median (min-max) of {run.args.repeats}",
+        ("B", "tasks/s", "client CPU a task, µs", "thread switches a task"),
+    )
+    rows = []
+    for b in run.batches:
+        costs: list[WorkerCost] = [worker_cost(tasks, b) for _ in range(run.args.repeats)]
+        row = {
+            "batch": b,
+            "tasks": tasks,
+            "rate": spread([cost.rate for cost in costs]),
+            "cpu_per_task_us": spread([cost.cpu_per_task_us for cost in costs]),
+            "switches_per_task": spread([cost.switches_per_task for cost in costs]),
+        }
+        rows.append(row)
+        table.add_row(
+            str(b),
+            fmt(row["rate"]),
+            f"{row['cpu_per_task_us']['median']:.1f} ({row['cpu_per_task_us']['min']:.1f}-"
+            f"{row['cpu_per_task_us']['max']:.1f})",
+            f"{row['switches_per_task']['median']:.2f}",
+        )
+    run.console.print(table)
+    return {"worker_cost": rows}
+
+
 SECTION_RUNNERS: dict[str, Callable[[Run], dict[str, Any]]] = {
     "drain": drain_section,
     "enqueue": enqueue_section,
@@ -599,6 +647,7 @@ SECTION_RUNNERS: dict[str, Callable[[Run], dict[str, Any]]] = {
     "controls": controls_section,
     "batching": batching_section,
     "statements": statements_section,
+    "worker_cost": worker_cost_section,
 }
 
 
