@@ -8,11 +8,12 @@ costs for a task that does little, measured on every task a worker runs.
 Here a task is one item on a queue that idle threads wait on, and each
 thread runs it with what the worker needs around it (`run`).
 
-Threads start as tasks first need them, up to one per slot.  Like an
+A thread starts for each of the first tasks, up to one per slot.  Like an
 executor's threads they are not daemon threads: an interpreter exiting
-waits for a task still running in one.  An idle thread does not hold it up:
-it ends within `IDLE_CHECK` seconds of the main thread's end, or at once
-once `shutdown` is called.
+waits for a task still running in one.  An idle thread ends at once once
+`shutdown` is called, and within `IDLE_CHECK` seconds of the main thread's
+end otherwise; from then on a task is refused, as an executor refuses one
+while the interpreter exits, so none is queued for threads that are gone.
 """
 
 from __future__ import annotations
@@ -54,21 +55,26 @@ class SlotThreads(Generic[T]):
         self._threads: list[threading.Thread] = []
         self._closed = False
         self._lock = threading.Lock()
+        self._main = threading.main_thread()
 
     def submit(self, item: T) -> None:
-        """Queue ``item`` for the next idle thread, starting one if fewer than ``count`` run."""
+        """Queue ``item`` for the next idle thread, starting one for each of the first ``count`` items.
+
+        `RuntimeError` once shut down, or once the main thread has ended (the
+        interpreter is exiting), as an executor refuses new work then: the
+        idle threads end with the main thread, and an item queued after them
+        would never run.
+        """
+        if self._closed or not self._main.is_alive():
+            raise RuntimeError("the slot threads are shut down, or the interpreter is exiting")
         if len(self._threads) < self._count:
             with self._lock:
-                if self._closed:
-                    raise RuntimeError("the slot threads are shut down")
                 if len(self._threads) < self._count:
                     thread = threading.Thread(
                         target=self._serve, name=f"{self._name}_{len(self._threads)}", daemon=False
                     )
-                    self._threads.append(thread)
                     thread.start()
-        elif self._closed:
-            raise RuntimeError("the slot threads are shut down")
+                    self._threads.append(thread)
         self._items.put(item)
 
     def shutdown(self) -> None:
@@ -84,8 +90,12 @@ class SlotThreads(Generic[T]):
                 item = self._items.get_nowait()
             except queue.Empty:
                 break
-            if item is not _SHUTDOWN:
+            if item is _SHUTDOWN:
+                continue
+            try:
                 self._unstarted(item)  # type: ignore[arg-type]
+            except Exception:
+                logger.exception("a task no slot thread took up could not be handed back")
         for _ in range(threads):
             self._items.put(_SHUTDOWN)
 
@@ -95,12 +105,11 @@ class SlotThreads(Generic[T]):
         return list(self._threads)
 
     def _serve(self) -> None:
-        main = threading.main_thread()
         while True:
             try:
                 item = self._items.get(timeout=IDLE_CHECK)
             except queue.Empty:
-                if self._closed or not main.is_alive():
+                if self._closed or not self._main.is_alive():
                     return
                 continue
             if item is _SHUTDOWN:
@@ -109,6 +118,7 @@ class SlotThreads(Generic[T]):
                 self._run(item)  # type: ignore[arg-type]
             except BaseException as error:  # noqa: BLE001 - the thread serves the next slot all the same
                 logger.error("a task slot ended with an error: %r", error)
+            del item  # (an idle thread keeps no task alive)
 
 
 __all__ = ["IDLE_CHECK", "SlotThreads"]

@@ -138,3 +138,30 @@ def test_an_exiting_interpreter_waits_for_a_task_still_running() -> None:
     )
     assert exited.returncode == 0, exited.stderr
     assert exited.stdout.strip() == "finished the task"
+
+
+def test_a_submitter_still_running_at_exit_is_refused_and_the_interpreter_exits() -> None:
+    # A worker in a daemon thread keeps claiming while the main thread ends:
+    # its next task is refused, as an executor refuses one, rather than kept
+    # running forever (or queued for idle threads that have ended).
+    exited = _exit_with(
+        """
+        import sys
+
+        threads = SlotThreads(2, lambda item: time.sleep(0.05), lambda item: None, name="busy")
+
+        def submit_forever():
+            while True:
+                try:
+                    threads.submit("task")
+                except RuntimeError:
+                    print("refused", flush=True)
+                    return
+                time.sleep(0.01)
+
+        threading.Thread(target=submit_forever, daemon=True).start()
+        time.sleep(0.3)
+        """
+    )
+    assert exited.returncode == 0, exited.stderr
+    assert exited.stdout.strip() == "refused"
