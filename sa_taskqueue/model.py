@@ -238,15 +238,19 @@ def _non_null(column: str) -> dict[str, Any]:
     return {f"{dialect}_where": literal_column(column).is_not(None) for dialect in partial_index_dialects()}
 
 
-def has_status(table: Table, status: TaskStatus) -> ColumnElement[bool]:
+def has_status(
+    table: Table, status: TaskStatus, *, column: ColumnElement[Any] | None = None
+) -> ColumnElement[bool]:
     """``status = '<status>'`` with the value written into the SQL rather than bound.
 
     Only then can the partial index on that status serve the query in a
     prepared statement's generic plan (PostgreSQL, which psycopg prepares
     after five runs) and at all on SQLite: neither can tell that a bound
-    ``status = $1`` implies the index's ``status = 'queued'``.
+    ``status = $1`` implies the index's ``status = 'queued'``.  ``column``,
+    if given, stands for the status column (an expression of it).
     """
-    return table.c.status == literal_column(f"'{status.value}'", type_=table.c.status.type)
+    tested = table.c.status if column is None else column
+    return tested == literal_column(f"'{status.value}'", type_=table.c.status.type)
 
 
 class Base(DeclarativeBase):

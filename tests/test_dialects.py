@@ -19,9 +19,12 @@ from sqlalchemy.schema import CreateIndex, CreateTable
 
 import sa_taskqueue as tq
 from sa_taskqueue.backends import backend_for
+from sa_taskqueue.explain import explain
 from sa_taskqueue.strategies import registry
 from sa_taskqueue.strategies.claiming import ClaimRequest
 from sa_taskqueue.strategies.conditional import ConditionalUpdateStrategy
+from sa_taskqueue.strategies.held_arrays import complete_from_arrays_statement, held_claims
+from sa_taskqueue.strategies.lease import HELD_NOW, complete_many_statement
 from sa_taskqueue.strategies.skip_locked import SkipLockedStrategy, locking_select
 from tests.app import make_queue
 from tests.backends import Backend
@@ -311,6 +314,70 @@ def test_the_prepared_claim_walks_the_claim_index_in_a_generic_plan(engine: sa.E
         conn.rollback()
     assert "ix_sa_taskqueue_task_claim" in plan, plan
     assert "Seq Scan" not in plan and "Sort" not in plan, plan
+
+
+# Not Oracle: its EXPLAIN PLAN writes the plan to a table instead of answering with it.
+@pytest.mark.backends("postgres", "mysql", "mariadb", "sqlite")
+def test_a_batch_completion_finds_its_rows_by_id_however_many_tasks_run(engine: sa.Engine) -> None:
+    running = [
+        {
+            "name": "record",
+            "queue": "default",
+            "priority": 0,
+            "params": {},
+            "status": "running",
+            "run_at": NOW,
+            "attempts": 1,
+            "max_attempts": 3,
+            "created_at": NOW,
+            "started_at": NOW,
+            "locked_by": "w",
+            "locked_until": NOW + timedelta(minutes=5),
+        }
+        for _ in range(3_000)
+    ]
+    with engine.begin() as conn:
+        conn.execute(TABLE.insert(), running)
+        ids = list(conn.execute(sa.select(TABLE.c.id).order_by(TABLE.c.id.desc()).limit(2)).scalars())
+    claims = [(task_id, "w", 1, NOW) for task_id in ids]
+    params: dict[str, Any] = {HELD_NOW: NOW, "finished_now": NOW}
+    backend = backend_for(engine.dialect)
+    # The statement each database completes a batch of two with.
+    if backend.completes_from_arrays:
+        statement = complete_from_arrays_statement(TABLE, HELD_NOW)
+        params |= held_claims(claims, [None, None], engine.dialect)
+    else:
+        statement = complete_many_statement(
+            TABLE, 2, False, returning=backend.update_returning, backend=backend
+        )
+        for index, (task_id, locked_by, attempts, started_at) in enumerate(claims):
+            params |= {f"held_id_{index}": task_id, f"held_by_{index}": locked_by}
+            params |= {f"held_attempts_{index}": attempts, f"held_started_at_{index}": started_at}
+
+    def assert_found_by_id(plan: str) -> None:
+        # Its two rows by their ids, not a walk of the lease index over all 3,000 running rows.
+        if engine.dialect.name == "postgresql":
+            assert "Index Scan using sa_taskqueue_task_pkey" in plan, plan
+            assert "ix_sa_taskqueue_task_lease" not in plan and "Seq Scan on sa_taskqueue_task" not in plan, (
+                plan
+            )
+        elif engine.dialect.name == "sqlite":
+            assert "USING INTEGER PRIMARY KEY" in plan and "ix_sa_taskqueue_task_lease" not in plan, plan
+        else:  # EXPLAIN's columns: id, select_type, table, type, possible_keys, key, ...
+            assert [line.split()[5] for line in plan.splitlines()] == ["PRIMARY"], plan
+
+    # Before the database has statistics on the table (SQLite gathers none
+    # unless asked), and after.  PostgreSQL's planner weighs its statistics,
+    # which until autovacuum's next pass say the lease index holds no rows.
+    if engine.dialect.name != "postgresql":
+        assert_found_by_id(explain(engine, statement, params))
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            {"postgresql": "ANALYZE sa_taskqueue_task", "sqlite": "ANALYZE"}.get(
+                conn.dialect.name, "ANALYZE TABLE sa_taskqueue_task"
+            )
+        )
+    assert_found_by_id(explain(engine, statement, params))
 
 
 class AppBase(DeclarativeBase):
