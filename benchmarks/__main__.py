@@ -48,6 +48,7 @@ SECTIONS = (
     "controls",
     "batching",
     "statements",
+    "running",
     "worker_cost",
 )
 
@@ -94,6 +95,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--peer-tasks", type=int, default=1000, help="tasks per worker-against-worker run")
     parser.add_argument(
         "--statement-tasks", type=int, default=2000, help="tasks per drain of the statements section"
+    )
+    parser.add_argument(
+        "--running", default="0,10000", help="tasks running all along, in the running section"
     )
     parser.add_argument(
         "--worker-cost-tasks", type=int, default=20000, help="tasks per run of the worker_cost section"
@@ -604,6 +608,57 @@ def statements_section(run: Run) -> dict[str, Any]:
     return {"statements": rows}
 
 
+def running_section(run: Run) -> dict[str, Any]:
+    """A claim's and a completion's client cost as tasks pile up running under other workers' claims.
+
+    The statements section's drain, with ``--running`` tasks held by another
+    worker all along (long tasks, or many workers): each figure a median over
+    the repeats, beside the same figure with none running.  A completion that
+    found its rows by walking every running one would grow with them.  Each
+    count of running tasks is measured twice: as the table is filled, and
+    once the planner's statistics have caught up (ANALYZE).
+    """
+    tasks = run.args.statement_tasks
+    table = new_table(
+        f"claim and completion as tasks run elsewhere, µs a call, one process draining {tasks:,} tasks, "
+        f"median of {run.args.repeats}: CPU (wall)",
+        ("backend", "B", "running", "statistics", "claim", "completion", "completion wall vs none running"),
+    )
+    counts = [int(count) for count in run.args.running.split(",")]
+    settings = [(count, analyzed) for count in counts for analyzed in ((False, True) if count else (False,))]
+    rows = []
+    for target in run.backends:
+        for b in run.batches:
+            base = None
+            for running, analyzed in settings:
+                costs = [
+                    statement_costs(QUEUE_BATCH, target.url, tasks, b, running=running, analyzed=analyzed)
+                    for _ in range(run.args.repeats)
+                ]
+                row: dict[str, Any] = {
+                    "backend": target.name,
+                    "batch": b,
+                    "running": running,
+                    "analyzed": analyzed,
+                }
+                for field in ("claim_wall", "claim_cpu", "complete_wall", "complete_cpu"):
+                    row[field] = statistics.median(getattr(cost, field) for cost in costs)
+                base = base or row["complete_wall"]
+                row["complete_wall_ratio"] = row["complete_wall"] / base
+                rows.append(row)
+                table.add_row(
+                    target.name,
+                    str(b),
+                    f"{running:,}",
+                    "current" if analyzed else "as filled",
+                    f"{row['claim_cpu']:,.0f} ({row['claim_wall']:,.0f})",
+                    f"{row['complete_cpu']:,.0f} ({row['complete_wall']:,.0f})",
+                    f"{row['complete_wall_ratio']:.2f}x",
+                )
+    run.console.print(table)
+    return {"running": rows}
+
+
 def worker_cost_section(run: Run) -> dict[str, Any]:
     """A worker's own CPU a task, beside its statements: `run_worker` with the database answered from memory.
 
@@ -647,6 +702,7 @@ SECTION_RUNNERS: dict[str, Callable[[Run], dict[str, Any]]] = {
     "controls": controls_section,
     "batching": batching_section,
     "statements": statements_section,
+    "running": running_section,
     "worker_cost": worker_cost_section,
 }
 

@@ -49,3 +49,15 @@ def fresh_table(url: str) -> None:
     tq.metadata.drop_all(engine)
     tq.metadata.create_all(engine)
     engine.dispose()
+
+
+def analyze(url: str) -> None:
+    """Bring the planner's statistics on the library's table up to date, as autovacuum would in time."""
+    engine = sa.create_engine(url)
+    name = engine.dialect.name
+    statement = {"postgresql": "ANALYZE sa_taskqueue_task", "sqlite": "ANALYZE"}.get(
+        name, "ANALYZE TABLE sa_taskqueue_task"
+    )
+    with engine.begin() as conn:
+        conn.exec_driver_sql(statement)
+    engine.dispose()

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 
-from benchmarks.backends import fresh_table
+from benchmarks.backends import analyze, fresh_table
 from benchmarks.drain import seed
 from benchmarks.raw_batch import make_batch_client
 
@@ -41,10 +42,33 @@ class StatementCosts:
         return (self.claim_wall + self.complete_wall) * self.batches / self.tasks
 
 
-def statement_costs(implementation: str, url: str, tasks: int, batch: int) -> StatementCosts:
-    """Drain a fresh table of ``tasks`` tasks, ``batch`` at a time, with ``implementation``'s batch client."""
+def statement_costs(
+    implementation: str, url: str, tasks: int, batch: int, *, running: int = 0, analyzed: bool = False
+) -> StatementCosts:
+    """Drain a fresh table of ``tasks`` tasks, ``batch`` at a time, with ``implementation``'s batch client.
+
+    ``running`` more tasks stay running all along under another worker's
+    claim, with a day of lease left: the rows of a busy queue's long tasks,
+    which a completion must not have to read past.  ``analyzed``: the
+    planner's statistics are brought up to date once the table is filled.
+    """
     fresh_table(url)
+    if running:
+        from sa_taskqueue import TaskStatus
+
+        now = datetime.now(UTC)
+        seed(
+            url,
+            running,
+            status=TaskStatus.RUNNING,
+            attempts=1,
+            started_at=now,
+            locked_by="a worker elsewhere",
+            locked_until=now + timedelta(days=1),
+        )
     seed(url, tasks + WARM_UP_BATCHES * batch)
+    if analyzed:
+        analyze(url)
     client = make_batch_client(implementation, url, batch)
     try:
         for _ in range(WARM_UP_BATCHES):

@@ -25,9 +25,10 @@ from sqlalchemy import (
 )
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import DeclarativeBase, Mapped, declared_attr, mapped_column
-from sqlalchemy.sql.compiler import DDLCompiler
+from sqlalchemy.sql.compiler import DDLCompiler, SQLCompiler
+from sqlalchemy.sql.visitors import InternalTraversal
 
-from sa_taskqueue.backends import partial_index_dialects
+from sa_taskqueue.backends import backend_for, partial_index_dialects
 from sa_taskqueue.control import control_table
 from sa_taskqueue.types import JSONDocument, LongText, UTCDateTime, utcnow
 
@@ -238,19 +239,35 @@ def _non_null(column: str) -> dict[str, Any]:
     return {f"{dialect}_where": literal_column(column).is_not(None) for dialect in partial_index_dialects()}
 
 
-def has_status(
-    table: Table, status: TaskStatus, *, column: ColumnElement[Any] | None = None
-) -> ColumnElement[bool]:
+def has_status(table: Table, status: TaskStatus, *, indexed: bool = True) -> ColumnElement[bool]:
     """``status = '<status>'`` with the value written into the SQL rather than bound.
 
     Only then can the partial index on that status serve the query in a
     prepared statement's generic plan (PostgreSQL, which psycopg prepares
     after five runs) and at all on SQLite: neither can tell that a bound
-    ``status = $1`` implies the index's ``status = 'queued'``.  ``column``,
-    if given, stands for the status column (an expression of it).
+    ``status = $1`` implies the index's ``status = 'queued'``.
+
+    Not ``indexed``: a test no index may serve, for a statement that finds
+    its rows by their ids (`Unindexed`).
     """
-    tested = table.c.status if column is None else column
-    return tested == literal_column(f"'{status.value}'", type_=table.c.status.type)
+    column = table.c.status if indexed else Unindexed(table.c.status)
+    return column == literal_column(f"'{status.value}'", type_=table.c.status.type)
+
+
+class Unindexed(ColumnElement[Any]):
+    """A text column, written so that no index serves a test of it (`Backend.unindexed`)."""
+
+    inherit_cache = True
+    _traverse_internals = [("column", InternalTraversal.dp_clauseelement)]  # noqa: RUF012 (SQLAlchemy's own form)
+
+    def __init__(self, column: ColumnElement[Any]) -> None:
+        self.column = column
+        self.type = column.type
+
+
+@compiles(Unindexed)
+def _unindexed(element: Unindexed, compiler: SQLCompiler, **kw: Any) -> str:
+    return backend_for(compiler.dialect).unindexed(compiler.process(element.column, **kw))
 
 
 class Base(DeclarativeBase):

@@ -347,9 +347,7 @@ def test_a_batch_completion_finds_its_rows_by_id_however_many_tasks_run(engine: 
         statement = complete_from_arrays_statement(TABLE, HELD_NOW)
         params |= held_claims(claims, [None, None], engine.dialect)
     else:
-        statement = complete_many_statement(
-            TABLE, 2, False, returning=backend.update_returning, backend=backend
-        )
+        statement = complete_many_statement(TABLE, 2, False, returning=backend.update_returning)
         for index, (task_id, locked_by, attempts, started_at) in enumerate(claims):
             params |= {f"held_id_{index}": task_id, f"held_by_{index}": locked_by}
             params |= {f"held_attempts_{index}": attempts, f"held_started_at_{index}": started_at}
@@ -357,18 +355,18 @@ def test_a_batch_completion_finds_its_rows_by_id_however_many_tasks_run(engine: 
     def assert_found_by_id(plan: str) -> None:
         # Its two rows by their ids, not a walk of the lease index over all 3,000 running rows.
         if engine.dialect.name == "postgresql":
-            assert "Index Scan using sa_taskqueue_task_pkey" in plan, plan
-            assert "ix_sa_taskqueue_task_lease" not in plan and "Seq Scan on sa_taskqueue_task" not in plan, (
-                plan
-            )
+            # (An index scan of the primary key, or a bitmap of it.)
+            assert re.search(r"Index Scan (using|on) sa_taskqueue_task_pkey", plan), plan
+            assert "ix_sa_taskqueue_task_lease" not in plan, plan
+            assert "Seq Scan on sa_taskqueue_task" not in plan, plan
         elif engine.dialect.name == "sqlite":
             assert "USING INTEGER PRIMARY KEY" in plan and "ix_sa_taskqueue_task_lease" not in plan, plan
         else:  # EXPLAIN's columns: id, select_type, table, type, possible_keys, key, ...
             assert [line.split()[5] for line in plan.splitlines()] == ["PRIMARY"], plan
 
-    # Before the database has statistics on the table (SQLite gathers none
-    # unless asked), and after.  PostgreSQL's planner weighs its statistics,
-    # which until autovacuum's next pass say the lease index holds no rows.
+    # Before the database has statistics on the new rows (SQLite gathers none
+    # unless asked), and after.  (PostgreSQL plans by its statistics, which
+    # say the lease index is empty until autovacuum comes by: `Backend.unindexed`.)
     if engine.dialect.name != "postgresql":
         assert_found_by_id(explain(engine, statement, params))
     with engine.begin() as conn:

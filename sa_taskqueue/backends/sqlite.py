@@ -13,8 +13,6 @@ from sqlalchemy import ColumnElement, Connection, Engine, Insert, Table, event
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.pool import ConnectionPoolEntry
-from sqlalchemy.sql.expression import UnaryExpression
-from sqlalchemy.sql.operators import custom_op
 
 from sa_taskqueue.backends.base import Backend
 
@@ -105,13 +103,10 @@ class SQLiteBackend(Backend):
         finally:
             conn.exec_driver_sql(f"PRAGMA busy_timeout = {int(before or 0)}")
 
-    def index_blind(self, column: ColumnElement[Any]) -> ColumnElement[Any]:
-        # SQLite's planner prefers a range of the lease index (status,
-        # locked_until) to the OR of several rowid lookups, and so walks every
-        # running row.  A unary + is SQLite's own way to keep a term from
-        # choosing an index; it leaves the value as it is (the stored times
-        # are text, compared as text either way).
-        return UnaryExpression(column, operator=custom_op("+"), type_=column.type)
+    def unindexed(self, sql: str) -> str:
+        # A unary + is SQLite's own way to keep a term from an index, and
+        # the term no longer implies a partial index's WHERE.
+        return f"(+{sql})"
 
     def lock_wait_ran_out(self, error: BaseException | None) -> bool:
         return _is_busy(error)

@@ -38,7 +38,6 @@ from sa_taskqueue.strategies.held_arrays import complete_from_arrays_statement, 
 from sa_taskqueue.types import UTCDateTime
 
 if TYPE_CHECKING:
-    from sa_taskqueue.backends.base import Backend
     from sa_taskqueue.executor import StatementExecutor
 
 LEASE_EXPIRED_ERROR = "lease expired: the worker holding this task stopped renewing it (crashed or lost)"
@@ -168,10 +167,9 @@ class LeaseWrites:
         announce = backend.notify
 
         def build() -> Any:
-            statement = complete_many_statement(
-                table, count, with_results, returning=returning and not announce, backend=backend
-            )
-            return announcing(statement, table) if announce else statement
+            if announce:
+                return announcing(complete_many_statement(table, count, with_results, returning=False), table)
+            return complete_many_statement(table, count, with_results, returning=returning)
 
         statement = self.executor.prepared(
             ("complete_many", count, with_results, announce), engine.dialect, table, build
@@ -303,8 +301,13 @@ class LeaseWrites:
 
 
 def same_claim(table: Table) -> ColumnElement[bool]:
-    """The row is still running under the claim bound by `held_params`."""
-    return and_(claim_identity(table), has_status(table, TaskStatus.RUNNING))
+    """The row is still running under the claim bound by `held_params`.
+
+    The row is to be found by its id: its status test is one no index
+    serves where a planner would otherwise walk the lease index, every
+    running row, to find it (`Backend.unindexed`).
+    """
+    return and_(claim_identity(table), has_status(table, TaskStatus.RUNNING, indexed=False))
 
 
 def claim_identity(table: Table, suffix: str = "") -> ColumnElement[bool]:
@@ -335,18 +338,13 @@ def held_params(task: ClaimedTask, now: datetime | None = None, *, suffix: str =
     return params
 
 
-def complete_many_statement(
-    table: Table, count: int, with_results: bool, *, returning: bool, backend: Backend | None = None
-) -> Any:
+def complete_many_statement(table: Table, count: int, with_results: bool, *, returning: bool) -> Any:
     """The UPDATE completing ``count`` held tasks at once, each under its own claim test.
 
     Its parameters are `held_params` names suffixed ``_0`` .. ``_{count-1}``,
     ``held_now``, ``finished_now`` and, ``with_results``, ``result_0`` ...
-    The rows are found by their ids: ``backend``'s `Backend.index_blind`
-    keeps the running-and-leased test from choosing the lease index, which
-    would walk every running row however few are completed.
+    The rows are found by their ids, as in `same_claim`.
     """
-    blind = backend.index_blind if backend is not None else (lambda column: column)
     held = or_(*(claim_identity(table, f"_{index}") for index in range(count)))
     result: Any = None
     if with_results:
@@ -363,8 +361,8 @@ def complete_many_statement(
     statement = (
         update(table)
         .where(
-            has_status(table, TaskStatus.RUNNING, column=blind(table.c.status)),
-            blind(table.c.locked_until) > bindparam(HELD_NOW, type_=table.c.locked_until.type),
+            has_status(table, TaskStatus.RUNNING, indexed=False),
+            table.c.locked_until > bindparam(HELD_NOW, type_=table.c.locked_until.type),
             held,
         )
         .values(
