@@ -89,6 +89,10 @@ class MovableClock:
             return self._now
 
 
+#: Lines of a process's output shown when a wait for one of them times out.
+TAIL_LINES = 40
+
+
 class StreamLines:
     """The lines a subprocess writes to one pipe, collected by a thread as they come.
 
@@ -115,14 +119,22 @@ class StreamLines:
             return list(self._lines)
 
     def wait_for(self, wanted: Callable[[str], object], seconds: float, what: str) -> str:
-        """The first line for which ``wanted`` is truthy, waiting for it at most ``seconds``."""
+        """The first line for which ``wanted`` is truthy, waiting for it at most ``seconds``.
+
+        On a timeout the error carries the last lines written, which tell
+        what the process did instead.
+        """
         found: list[str] = []
 
         def seen() -> bool:
             found.extend(line for line in self.lines if wanted(line))
             return bool(found)
 
-        wait_until(seen, seconds, what)
+        try:
+            wait_until(seen, seconds, what)
+        except AssertionError as timed_out:
+            tail = "".join(self.lines[-TAIL_LINES:]) or "(nothing)\n"
+            raise AssertionError(f"{timed_out}; the last lines written:\n{tail}") from None
         return found[0]
 
     def text(self, timeout: float = 30) -> str:

@@ -13,6 +13,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 import sa_taskqueue as tq
+from sa_taskqueue import worker as worker_module
 from tests.app import executions, make_queue
 from tests.helpers import MovableClock, task_row, wait_until
 from tests.helpers import task_rows as rows
@@ -253,6 +254,51 @@ def test_a_task_claimed_ahead_is_given_back_unstarted_when_the_worker_stops(
     assert (second_row.status, second_row.attempts) == (tq.TaskStatus.QUEUED, 0)
     assert executions(engine) == {1: 1}, "the task claimed ahead never started"
     assert worker.given_back == 1
+
+
+@pytest.mark.requires("claims_ahead")
+def test_a_task_claimed_ahead_and_still_waiting_at_the_shutdown_timeout_is_given_back_and_never_starts(
+    queue: tq.TaskQueue, engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The write of the first task's success outlasts the stop altogether, so
+    # the worker returns while the slot's thread is still in it, with the task
+    # claimed ahead still waiting for that thread.
+    monkeypatch.setattr(worker_module, "CLOSE_TIMEOUT", 0.2)
+    writing, write_may_go = hold_success_writes(queue, monkeypatch)
+    with Session(engine) as session:
+        first_id = queue.enqueue(session, "record", {"key": 1}).id
+        session.commit()
+    worker = tq.Worker(
+        queue, concurrency=1, poll_interval=0.05, shutdown_timeout=0.2, on_success=lambda _task, _result: None
+    )
+    runner = threading.Thread(target=worker.run)
+    runner.start()
+    try:
+        assert writing.wait(30), "the first task's success is being written"
+        with Session(engine) as session:
+            second_id = queue.enqueue(session, "record", {"key": 2}).id
+            session.commit()
+        wait_until(lambda: task_row(engine, second_id).status == tq.TaskStatus.RUNNING, 30, "a claim ahead")
+        worker.stop()
+        runner.join(timeout=60)
+        assert not runner.is_alive(), "the worker returned with the write still held"
+        second_row = task_row(engine, second_id)
+        assert (second_row.status, second_row.attempts) == (tq.TaskStatus.QUEUED, 0), "given back at once"
+        assert worker.given_back == 1
+        held = [slot.task.id for slot in worker._running.values()]
+        assert held == [first_id], "the slot of the task given back is free; the one writing is not"
+    finally:
+        write_may_go.set()
+    # The slot's thread, free at last, ends rather than start the task it was to run.
+    wait_until(lambda: task_row(engine, first_id).status == tq.TaskStatus.COMPLETED, 30, "the held write")
+    slot_threads = [thread for thread in threading.enumerate() if thread.name.startswith("sa_taskqueue-task")]
+    for thread in slot_threads:
+        thread.join(timeout=30)
+    assert not any(thread.is_alive() for thread in slot_threads)
+    assert worker._running == {}
+    assert executions(engine) == {1: 1}, "the task given back never started"
+    second_row = task_row(engine, second_id)
+    assert (second_row.status, second_row.attempts) == (tq.TaskStatus.QUEUED, 0)
 
 
 def test_a_task_claimed_for_a_free_slot_runs_though_a_stop_comes_before_its_thread_takes_it_up(
