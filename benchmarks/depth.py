@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import sqlalchemy as sa
 
-from benchmarks.backends import fresh_table
+from benchmarks.backends import analyze, fresh_table
 from benchmarks.clients import TABLE
 from benchmarks.drain import race, seed
 
@@ -30,7 +30,6 @@ def add_finished_rows(url: str, count: int) -> None:
                 ),
                 {"n": count},
             )
-            conn.execute(sa.text(f"ANALYZE {TABLE}"))
         elif backend in ("mysql", "mariadb"):
             # MariaDB's Sequence engine makes seq_1_to_N tables on demand.
             conn.execute(
@@ -41,7 +40,6 @@ def add_finished_rows(url: str, count: int) -> None:
                 ),
                 {"t": day_ago},
             )
-            conn.execute(sa.text(f"ANALYZE TABLE {TABLE}"))
         else:
             stamp = day_ago.isoformat(" ", "microseconds")
             conn.execute(
@@ -53,8 +51,8 @@ def add_finished_rows(url: str, count: int) -> None:
                 ),
                 {"n": count, "t": stamp},
             )
-            conn.execute(sa.text("ANALYZE"))
     engine.dispose()
+    analyze(url)
 
 
 def claim_latencies(

@@ -256,6 +256,11 @@ def fill_with_finished_rows(engine: sa.Engine) -> None:
     queued = [dict(row, status="queued") for row in finished[:50]]
     with engine.begin() as conn:
         conn.execute(TABLE.insert(), finished + queued)
+    analyze(engine)
+
+
+def analyze(engine: sa.Engine) -> None:
+    """Bring the planner's statistics on the task table up to date."""
     with engine.begin() as conn:
         conn.exec_driver_sql(
             {
@@ -369,12 +374,7 @@ def test_a_batch_completion_finds_its_rows_by_id_however_many_tasks_run(engine: 
     # say the lease index is empty until autovacuum comes by: `Backend.unindexed`.)
     if engine.dialect.name != "postgresql":
         assert_found_by_id(explain(engine, statement, params))
-    with engine.begin() as conn:
-        conn.exec_driver_sql(
-            {"postgresql": "ANALYZE sa_taskqueue_task", "sqlite": "ANALYZE"}.get(
-                conn.dialect.name, "ANALYZE TABLE sa_taskqueue_task"
-            )
-        )
+    analyze(engine)
     assert_found_by_id(explain(engine, statement, params))
 
 

@@ -197,13 +197,13 @@ class Backend:
         A fenced write (a completion, a lease renewal) finds its rows by their
         ids.  Its ``status = 'running'`` test lets a planner choose the lease
         index instead, a walk over every running row, when it thinks that
-        index small.  SQLite does so always, keeping no statistics unless
-        asked.  Elsewhere the SQL stays as it is: MySQL and MariaDB measure
-        the ranges as they plan, and PostgreSQL's statistics choose the lease
-        index only while few tasks run (then the faster way), or in the
-        while before autovacuum's next ANALYZE after a sudden rise in running
-        tasks, which hiding the index from it would not be worth: on a small
-        table it would scan the whole table instead.
+        index small: SQLite always, as it keeps no statistics unless asked.
+        Elsewhere the SQL stays as it is.  MySQL and MariaDB measure the
+        ranges as they plan.  PostgreSQL's statistics pick the lease index
+        while few tasks run, the faster way then, and also after a sudden
+        rise in running tasks until autovacuum's next ANALYZE; hiding the
+        index from it cost more than that on a small table, which it then
+        scanned whole.
         """
         return sql
 
