@@ -221,6 +221,10 @@ class Worker:
         self._database_down = False
         self._event_loop = event_loop
         self._own_loop: LoopThread | None = None
+        # The lease in seconds, and the slack a kill moving later may be held
+        # back within (see _arm_locked): read once a run, not twice a task.
+        self._lease_seconds = 0.0
+        self._arm_slack = 0.0
 
     # Control ---------------------------------------------------------------
 
@@ -253,6 +257,8 @@ class Worker:
             check_no_transactional(self.queue)
         if self.self_test and not self._prove_footing():
             return
+        self._lease_seconds = self.queue.lease.total_seconds()
+        self._arm_slack = 2 * heartbeat_interval(self._lease_seconds)
         if self.watchdog:
             self._watchdog = Watchdog(self._watchdog_lost)
         restore_signals = self._install_signal_handlers()
@@ -592,7 +598,7 @@ class Worker:
                 extra=task_fields(task, self.worker_id),
             )
         self._hook(self.on_start, task)
-        if slot.lease_lost or time.monotonic() >= kill_at(slot.renewed_at, self.queue.lease.total_seconds()):
+        if slot.lease_lost or time.monotonic() >= kill_at(slot.renewed_at, self._lease_seconds):
             # Claimed, but not started before its lease could end (the process
             # was stopped, say): another worker may hold it by now.
             logger.warning("task %d %s: not started, its lease may have ended meanwhile", *_ids(task))
@@ -767,8 +773,8 @@ class Worker:
         """
         if self._watchdog is None:
             return
-        lease = self.queue.lease.total_seconds()
-        slack = None if exact else 2 * heartbeat_interval(lease)
+        lease = self._lease_seconds
+        slack = None if exact else self._arm_slack
         if slack is not None and self._watchdog.armed_beyond(
             slack, not_after=kill_at(extra.renewed_at, lease) if extra else None
         ):
