@@ -222,9 +222,10 @@ class Worker:
         self._event_loop = event_loop
         self._own_loop: LoopThread | None = None
         # The lease in seconds, and the slack a kill moving later may be held
-        # back within (see _arm_locked): read once a run, not twice a task.
-        self._lease_seconds = 0.0
-        self._arm_slack = 0.0
+        # back within (see _arm_locked): read again as each run starts, not
+        # twice a task.
+        self._lease_seconds = queue.lease.total_seconds()
+        self._arm_slack = 2 * heartbeat_interval(self._lease_seconds)
 
     # Control ---------------------------------------------------------------
 
