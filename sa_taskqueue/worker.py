@@ -221,10 +221,16 @@ class Worker:
         self._database_down = False
         self._event_loop = event_loop
         self._own_loop: LoopThread | None = None
-        # The lease in seconds, and the slack a kill moving later may be held
-        # back within (see _arm_locked): read again as each run starts, not
-        # twice a task.
-        self._lease_seconds = queue.lease.total_seconds()
+        self._lease_seconds = self._arm_slack = 0.0
+        self._read_lease()
+
+    def _read_lease(self) -> None:
+        """Note the lease in seconds, and the slack a kill moving later may be held back within.
+
+        Read as the worker is made and again as each run starts, rather than
+        twice for every task (see `_arm_locked`).
+        """
+        self._lease_seconds = self.queue.lease.total_seconds()
         self._arm_slack = 2 * heartbeat_interval(self._lease_seconds)
 
     # Control ---------------------------------------------------------------
@@ -258,8 +264,7 @@ class Worker:
             check_no_transactional(self.queue)
         if self.self_test and not self._prove_footing():
             return
-        self._lease_seconds = self.queue.lease.total_seconds()
-        self._arm_slack = 2 * heartbeat_interval(self._lease_seconds)
+        self._read_lease()
         if self.watchdog:
             self._watchdog = Watchdog(self._watchdog_lost)
         restore_signals = self._install_signal_handlers()

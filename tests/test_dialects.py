@@ -237,22 +237,25 @@ def test_mysql_rejects_limit_inside_an_in_subquery(engine: sa.Engine) -> None:
     assert raised.value.orig.args[0] == 1235  # type: ignore[union-attr]
 
 
+def row_of(status: str, **columns: Any) -> dict[str, Any]:
+    """A task row to insert as it is, in ``status``, tried once."""
+    row = {
+        "name": "record",
+        "queue": "default",
+        "priority": 0,
+        "params": {},
+        "status": status,
+        "run_at": NOW - timedelta(days=1),
+        "attempts": 1,
+        "max_attempts": 3,
+        "created_at": NOW,
+    }
+    return row | columns
+
+
 def fill_with_finished_rows(engine: sa.Engine) -> None:
     """18,000 finished rows and 50 queued ones, with fresh planner statistics."""
-    finished = [
-        {
-            "name": "record",
-            "queue": "default",
-            "priority": 0,
-            "params": {},
-            "status": status,
-            "run_at": NOW - timedelta(days=1),
-            "attempts": 1,
-            "max_attempts": 3,
-            "created_at": NOW,
-        }
-        for status in ["completed"] * 15_000 + ["failed"] * 3_000
-    ]
+    finished = [row_of(status) for status in ["completed"] * 15_000 + ["failed"] * 3_000]
     queued = [dict(row, status="queued") for row in finished[:50]]
     with engine.begin() as conn:
         conn.execute(TABLE.insert(), finished + queued)
@@ -325,22 +328,8 @@ def test_the_prepared_claim_walks_the_claim_index_in_a_generic_plan(engine: sa.E
 @pytest.mark.backends("postgres", "mysql", "mariadb", "sqlite")
 def test_a_batch_completion_finds_its_rows_by_id_however_many_tasks_run(engine: sa.Engine) -> None:
     running = [
-        {
-            "name": "record",
-            "queue": "default",
-            "priority": 0,
-            "params": {},
-            "status": "running",
-            "run_at": NOW,
-            "attempts": 1,
-            "max_attempts": 3,
-            "created_at": NOW,
-            "started_at": NOW,
-            "locked_by": "w",
-            "locked_until": NOW + timedelta(minutes=5),
-        }
-        for _ in range(3_000)
-    ]
+        row_of("running", run_at=NOW, started_at=NOW, locked_by="w", locked_until=NOW + timedelta(minutes=5))
+    ] * 3_000
     with engine.begin() as conn:
         conn.execute(TABLE.insert(), running)
         ids = list(conn.execute(sa.select(TABLE.c.id).order_by(TABLE.c.id.desc()).limit(2)).scalars())
