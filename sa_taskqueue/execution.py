@@ -24,7 +24,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, overload
 
 from sa_taskqueue.exceptions import TaskQueueError
 
@@ -194,6 +194,7 @@ class ChildProcess:
             )
             self._process.start()
             send.close()
+        self._started = time.monotonic()
         self.killed = False
 
     @property
@@ -206,15 +207,31 @@ class ChildProcess:
         if self._process.is_alive():
             self._process.kill()
 
-    def wait(self, timeout: float | None) -> Outcome:
-        """Wait for the child's report, killing it once ``timeout`` has passed."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+    @overload
+    def wait(self, timeout: float | None) -> Outcome: ...
+    @overload
+    def wait(self, timeout: float | None, until: Callable[[], float]) -> Outcome | None: ...
+    def wait(self, timeout: float | None, until: Callable[[], float] | None = None) -> Outcome | None:
+        """Wait for the child's report, killing it once ``timeout`` has passed since it started.
+
+        With ``until``, None as soon as the monotonic time it returns comes
+        first, the child still running: the caller decides what becomes of
+        it, and may wait again.  ``until`` is read at every step, so what it
+        returns may move on meanwhile (a lease renewed).
+        """
+        deadline = None if timeout is None else self._started + timeout
         message: tuple[Any, ...] | None = None
         while True:
-            step = 0.2 if deadline is None else max(0.0, min(0.2, deadline - time.monotonic()))
+            now = time.monotonic()
+            wake = now + 0.2 if deadline is None else min(now + 0.2, deadline)
+            if until is not None:
+                stop = until()
+                if now >= stop:
+                    return None
+                wake = min(wake, stop)
             # The pipe also turns readable when the child dies: recv then
             # raises EOFError, since the child held the only sending end.
-            if self._receive.poll(step):
+            if self._receive.poll(max(0.0, wake - now)):
                 try:
                     message = self._receive.recv()
                 except EOFError:

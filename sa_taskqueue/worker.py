@@ -221,17 +221,18 @@ class Worker:
         self._database_down = False
         self._event_loop = event_loop
         self._own_loop: LoopThread | None = None
-        self._lease_seconds = self._arm_slack = 0.0
+        self._lease_seconds = self._heartbeat_seconds = self._arm_slack = 0.0
         self._read_lease()
 
     def _read_lease(self) -> None:
-        """Note the lease in seconds, and the slack a kill moving later may be held back within.
+        """Note the lease and heartbeat in seconds, and the slack a later kill may be held back within.
 
         Read as the worker is made and again as each run starts, rather than
         twice for every task (see `_arm_locked`).
         """
         self._lease_seconds = self.queue.lease.total_seconds()
-        self._arm_slack = 2 * heartbeat_interval(self._lease_seconds)
+        self._heartbeat_seconds = heartbeat_interval(self._lease_seconds)
+        self._arm_slack = 2 * self._heartbeat_seconds
 
     # Control ---------------------------------------------------------------
 
@@ -625,7 +626,7 @@ class Worker:
                 if slot.given_back:
                     return
                 slot.child = ChildProcess(registered.func, task.params, self._after_fork)
-            outcome = slot.child.wait(registered.options.timeout)
+            outcome = self._wait_for_process(slot, slot.child, registered.options.timeout)
             if self._watchdog is not None and slot.child.pid is not None:
                 self._watchdog.gone(slot.child.pid)
         else:
@@ -956,15 +957,13 @@ class Worker:
 
     def _heartbeat(self) -> None:
         """Renew the leases of running tasks three times before the watchdog would act."""
-        lease = self.queue.lease.total_seconds()
-        interval = heartbeat_interval(lease)
+        interval = self._heartbeat_seconds
         while not self._stopped.wait(interval):
             with self._lock:
                 self._arm_locked(exact=True)  # before a renewal that may hang in an outage
             slots = [slot for slot in self._running_slots() if not slot.lease_lost]
             if slots:
                 self._renew(slots, interval)
-                self._stop_unrenewed(lease, interval)
             with self._lock:
                 self._arm_locked(exact=True)
 
@@ -986,17 +985,25 @@ class Worker:
             elif not slot.finished and not slot.completing:
                 self._give_up(slot, "its lease was taken over")
 
-    def _stop_unrenewed(self, lease: float, interval: float) -> None:
-        """Under process isolation, stop a task one heartbeat before the watchdog would stop the worker.
+    def _wait_for_process(self, slot: _Running, child: ChildProcess, timeout: float | None) -> Outcome:
+        """The outcome of a task process, stopped if its lease goes unrenewed (`_stop_unrenewed_at`)."""
+        outcome = child.wait(timeout, partial(self._stop_unrenewed_at, slot))
+        if outcome is None:
+            self._give_up(slot, "its lease could not be renewed in time")
+            return child.wait(None)  # killed: over at once
+        return outcome
 
-        A thread cannot be stopped: under thread isolation the watchdog ends
-        the whole process instead.
+    def _stop_unrenewed_at(self, slot: _Running) -> float:
+        """When a task process whose lease is not renewed is stopped: one heartbeat before the watchdog acts.
+
+        The task's own thread, waiting on the process, keeps this time, not
+        the heartbeat: a renewal can hang as long as a network partition
+        lasts, and the watchdog would then end the whole worker.  Stopping
+        the task alone lets the worker live on; its disarm reaches the
+        watchdog through a pipe, not the database.  A thread cannot be
+        stopped: under thread isolation the watchdog ends the whole process.
         """
-        now = time.monotonic()
-        for slot in self._running_slots():
-            due = kill_at(slot.renewed_at, lease) - interval
-            if slot.child is not None and not slot.lease_lost and now >= due:
-                self._give_up(slot, "its lease could not be renewed in time")
+        return kill_at(slot.renewed_at, self._lease_seconds) - self._heartbeat_seconds
 
     def _give_up(self, slot: _Running, why: str) -> None:
         """A running task is no longer this worker's: stop it if it can be stopped, record nothing."""

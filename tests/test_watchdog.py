@@ -18,7 +18,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -232,6 +232,13 @@ def test_a_worker_cut_off_from_the_database_is_dead_before_its_lease_ends(
 
 
 @pytest.mark.backends("postgres", "mysql", "mariadb")
+@pytest.mark.parametrize(
+    "cut",
+    [
+        pytest.param(Link.sever, id="every-renewal-fails-at-once"),
+        pytest.param(Link.freeze, id="every-renewal-hangs"),
+    ],
+)
 def test_a_task_process_whose_lease_cannot_be_renewed_is_stopped_and_its_worker_lives_on(
     backend: Backend,
     engine: sa.Engine,
@@ -240,16 +247,17 @@ def test_a_task_process_whose_lease_cannot_be_renewed_is_stopped_and_its_worker_
     deaths: Deaths,
     processes: list[subprocess.Popen[str]],
     link: Link,
+    cut: Callable[[Link], None],
 ) -> None:
     task_id = enqueue_one(default_queue, engine, "span", {"key": 1, "seconds": 3 * LEASE})
     first, first_log = worker(link.url(backend.url), spans, "--isolation", "process")
     processes.append(first)
     run = first_run(spans)
     deaths.watch(run.pid)
-    link.sever()  # every renewal now fails at once
+    cut(link)
     first_log.wait_for(lambda line: "its process was stopped" in line, 30, "the worker to stop its task")
     wait_until(lambda: deaths.dead_at(run.pid) is not None, 10, "the task's process to end")
-    link.restore()
+    link.restore()  # (a frozen link stays frozen: the first worker waits on its statements)
     second, _ = worker(backend.url, spans, "--isolation", "process")
     processes.append(second)
     wait_until(lambda: completed(engine, task_id), 60, "the second worker to complete the task")
