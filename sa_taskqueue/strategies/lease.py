@@ -161,7 +161,9 @@ class LeaseWrites:
             # (A batch of one goes by the statement below, for one task: a
             # value per column costs the driver less than an array of one.)
             return self._complete_from_arrays(engine, table, tasks, results, now)
-        returning = backend.update_returning
+        # A batch of one needs no RETURNING, whose row costs the client more
+        # to read than the statement's row count: that says if it was written.
+        returning = backend.update_returning and count > 1
         # Where completions are announced (PostgreSQL), the UPDATE goes in a
         # statement that also sends the ids written: one round trip still.
         announce = backend.notify
@@ -187,6 +189,8 @@ class LeaseWrites:
                 return {row[0] for row in written}
             if written.rowcount == count:
                 return {task.id for task in tasks}
+            if count == 1:
+                return set()
             # Without RETURNING, and some rows not ours any more: the rows
             # written are those now completed at exactly ``now`` under one of
             # these claims.  (Another claim of the same task completing at the
