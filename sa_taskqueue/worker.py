@@ -989,7 +989,8 @@ class Worker:
         """The outcome of a task process, stopped if its lease goes unrenewed (`_stop_unrenewed_at`)."""
         outcome = child.wait(timeout, partial(self._stop_unrenewed_at, slot))
         if outcome is None:
-            self._give_up(slot, "its lease could not be renewed in time")
+            if not slot.lease_lost:  # (else the heartbeat has stopped it already: taken over)
+                self._give_up(slot, "its lease could not be renewed in time")
             return child.wait(None)  # killed: over at once
         return outcome
 
