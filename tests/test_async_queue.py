@@ -432,7 +432,8 @@ def test_run_worker_async_serves_a_running_loop_and_cancelling_it_gives_back_wha
             await session.commit()
 
         async def ran_all() -> bool:
-            return await asyncio.to_thread(lambda: len(executions(engine)) == 6)
+            # (``forever`` commits its row before it sets ``started``: both, so it is surely running.)
+            return started.is_set() and await asyncio.to_thread(lambda: len(executions(engine)) == 6)
 
         await eventually(ran_all, 30, "five tasks done and one running")
         before = ticks
