@@ -32,6 +32,7 @@ from benchmarks.controls import DRAINS, LIMIT, LIMITED_EVERY, PAUSED_TASKS, TASK
 from benchmarks.depth import claim_latencies, claim_plan
 from benchmarks.drain import DrainResult, drain
 from benchmarks.enqueue import RAW_PATHS, enqueue_rate
+from benchmarks.failures import OUTCOMES, outcome_drain
 from benchmarks.latency import percentiles, pickup_latency
 from benchmarks.peers import IMPLEMENTATIONS, PEERS, missing_peers, worker_drain
 from benchmarks.raw_batch import QUEUE_BATCH, RAW_BATCH
@@ -50,6 +51,7 @@ SECTIONS = (
     "statements",
     "running",
     "worker_cost",
+    "failures",
 )
 
 
@@ -693,6 +695,54 @@ def worker_cost_section(run: Run) -> dict[str, Any]:
     return {"worker_cost": rows}
 
 
+def failures_row(run: Run, target: BenchBackend, w: int, b: int) -> dict[str, Any]:
+    """One backend/W/B cell of the failures table: the two drains taking turns, and their ratio."""
+    drains: dict[str, list[dict[str, Any]]] = {outcome: [] for outcome in OUTCOMES}
+    for _ in range(run.args.repeats):
+        for outcome in OUTCOMES:
+            drains[outcome].append(outcome_drain(target.url, run.args.tasks, w, b, outcome))
+    row: dict[str, Any] = {"backend": target.name, "workers": w, "batch": b}
+    for outcome, runs in drains.items():
+        row[outcome] = spread([drained["rate"] for drained in runs])
+        row[f"{outcome}_statements"] = statistics.median(drained["statements"] for drained in runs)
+    row["ratio"] = row["fail"]["median"] / row["succeed"]["median"]
+    row["exactly_once"] = all(drained["exactly_once"] for runs in drains.values() for drained in runs)
+    return row
+
+
+def failures_section(run: Run) -> dict[str, Any]:
+    """A worker draining tasks that fail, beside the same worker draining tasks that succeed.
+
+    The two take turns within each repeat; the ratio is of their medians.
+    Statements are those that wrote the outcomes, medians over the repeats.
+    """
+    args = run.args
+    table = new_table(
+        f"worker drains of {args.tasks} tasks that succeed or fail (one attempt each), tasks/s, "
+        f"median (min-max) of {args.repeats}; statements that wrote the outcomes",
+        ("backend", "W", "B", "succeed", "statements", "fail", "statements", "fail / succeed", "all once"),
+    )
+    rows = []
+    for target in run.backends:
+        for w in run.workers:
+            for b in run.batches:
+                row = failures_row(run, target, w, b)
+                rows.append(row)
+                table.add_row(
+                    target.name,
+                    str(w),
+                    str(b),
+                    fmt(row["succeed"]),
+                    f"{row['succeed_statements']:,.0f}",
+                    fmt(row["fail"]),
+                    f"{row['fail_statements']:,.0f}",
+                    f"{row['ratio']:.0%}",
+                    yes_no(row["exactly_once"]),
+                )
+    run.console.print(table)
+    return {"failures": rows}
+
+
 SECTION_RUNNERS: dict[str, Callable[[Run], dict[str, Any]]] = {
     "drain": drain_section,
     "enqueue": enqueue_section,
@@ -704,6 +754,7 @@ SECTION_RUNNERS: dict[str, Callable[[Run], dict[str, Any]]] = {
     "statements": statements_section,
     "running": running_section,
     "worker_cost": worker_cost_section,
+    "failures": failures_section,
 }
 
 

@@ -1,7 +1,9 @@
-"""`Completions`: successes that finish together are written in one statement.
+"""`Completions`: outcomes that come together are written in one statement.
 
 A worker's slots finish tasks independently.  Writing each success on its own
-costs a statement per task; writing them together costs one per batch.  A
+costs a statement per task; writing them together costs one per batch.  The
+same goes for failures: those that come together are written in one statement
+of their own (a batch holding both kinds costs two, one for each).  A
 success waits, at most ``delay`` seconds, for the other tasks the worker has
 claimed and not finished (counted from the claim, so a slot whose thread has
 not taken up its task yet counts too), so that a claimed batch of quick tasks
@@ -38,6 +40,10 @@ logger = logging.getLogger("sa_taskqueue")
 WriteMany = Callable[[Sequence[ClaimedTask], Sequence[Any]], set[int] | None]
 #: Writes one success on its own; used for a batch whose common write failed.
 WriteOne = Callable[[ClaimedTask, Any], None]
+#: Writes many failures, each task with its error; as `WriteMany` otherwise.
+FailMany = Callable[[Sequence[ClaimedTask], Sequence[BaseException | str]], set[int] | None]
+#: Writes one failure on its own; used for a batch whose common write failed.
+FailOne = Callable[[ClaimedTask, BaseException | str], None]
 
 
 #: Told whether a success handed over was recorded (see `Completions.record`).
@@ -46,11 +52,12 @@ Written = Callable[[bool | None], None]
 
 @dataclass
 class _Waiting:
-    """A success waiting to be written, and whom to tell once it is."""
+    """An outcome waiting to be written, and whom to tell once it is."""
 
     task: ClaimedTask
     result: Any
     written: Written
+    error: BaseException | str | None = None  # a failure's, to be written as `FailMany` writes it
 
 
 class Completions:
@@ -63,6 +70,10 @@ class Completions:
     success waits for them; 0 writes each batch as soon as no write is
     under way.  `start` starts the thread that writes the batches no
     success completes in time; `close` writes what waits and stops it.
+
+    Given ``fail_many`` and ``fail_one``, a failure may end a task too
+    (``error=`` to `hand_off` or `record`), waiting and told as a success
+    is; without them a task that fails ends with `end_without_success`.
     """
 
     def __init__(
@@ -72,11 +83,17 @@ class Completions:
         *,
         delay: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
+        fail_many: FailMany | None = None,
+        fail_one: FailOne | None = None,
     ) -> None:
         if not delay >= 0:
             raise ValueError(f"the completion delay must not be negative, got {delay!r}")
+        if (fail_many is None) != (fail_one is None):
+            raise ValueError("fail_many and fail_one are given together, or neither")
         self._write_many = write_many
         self._write_one = write_one
+        self._fail_many = fail_many
+        self._fail_one = fail_one
         self._delay = delay
         self._clock = clock
         self._waiting: list[_Waiting] = []
@@ -121,16 +138,22 @@ class Completions:
         with self._changed:
             self._end_locked()
 
-    def hand_off(self, task: ClaimedTask, result: Any, written: Written) -> None:
+    def hand_off(
+        self, task: ClaimedTask, result: Any, written: Written, *, error: BaseException | str | None = None
+    ) -> None:
         """End a task begun with its success, to be written with whatever else waits; return at once.
 
         ``written`` is called once it is written, with what `record` would
         return, on the thread that wrote it: this one when this success
         completes a batch due now (the last slot of a batch writes it, with
-        no thread to wake), another slot's, or the writing thread's.
+        no thread to wake), another slot's, or the writing thread's.  With
+        ``error`` it is the task's failure that is written (``result`` is
+        then ignored).
         """
+        if error is not None and self._fail_many is None:
+            raise ValueError("these completions write no failures: end the task with end_without_success")
         with self._changed:
-            self._waiting.append(_Waiting(task, result, written))
+            self._waiting.append(_Waiting(task, result, written, error))
             if not self._serving:
                 # Before start or after close (a task given back, ending after
                 # its worker returned): written here, once no write is on its way.
@@ -150,8 +173,10 @@ class Completions:
                 # and writes the batch once the one on its way is written.
                 self._changed.notify_all()
 
-    def record(self, task: ClaimedTask, result: Any) -> bool | None:
-        """End a task begun with its success; return once it is written.
+    def record(
+        self, task: ClaimedTask, result: Any, *, error: BaseException | str | None = None
+    ) -> bool | None:
+        """End a task begun with its success (or its failure, ``error``); return once it is written.
 
         True if it was recorded, False if the task had been taken over (its
         claim no longer held it), None if the database could not be reached
@@ -165,7 +190,7 @@ class Completions:
             recorded.append(outcome)
             done.set()
 
-        self.hand_off(task, result, written)
+        self.hand_off(task, result, written, error=error)
         done.wait()
         return recorded[0]
 
@@ -213,16 +238,43 @@ class Completions:
                 self._changed.notify_all()
 
     def _write_batch(self, batch: list[_Waiting]) -> None:
-        tasks = [item.task for item in batch]
+        successes = [item for item in batch if item.error is None]
+        if successes:
+            self._write_kind(successes, self._write_successes, self._write_success)
+        if len(successes) < len(batch):
+            failures = [item for item in batch if item.error is not None]
+            self._write_kind(failures, self._write_failures, self._write_failure)
+
+    def _write_successes(self, batch: list[_Waiting]) -> set[int] | None:
+        return self._write_many([item.task for item in batch], [item.result for item in batch])
+
+    def _write_success(self, item: _Waiting) -> None:
+        self._write_one(item.task, item.result)
+
+    def _write_failures(self, batch: list[_Waiting]) -> set[int] | None:
+        assert self._fail_many is not None  # (hand_off takes no failure without it)
+        return self._fail_many([item.task for item in batch], [_error(item) for item in batch])
+
+    def _write_failure(self, item: _Waiting) -> None:
+        assert self._fail_one is not None
+        self._fail_one(item.task, _error(item))
+
+    def _write_kind(
+        self,
+        batch: list[_Waiting],
+        write_many: Callable[[list[_Waiting]], set[int] | None],
+        write_one: Callable[[_Waiting], None],
+    ) -> None:
+        """Write outcomes of one kind in one statement, or one by one if that fails; tell each."""
         try:
-            written = self._write_many(tasks, [item.result for item in batch])
+            written = write_many(batch)
         except Exception:
             # The database refused a result, or something else went wrong
             # with the statement: each on its own, so only what fails fails.
-            logger.debug("writing %d completions together failed; one by one", len(batch), exc_info=True)
+            logger.debug("writing %d outcomes together failed; one by one", len(batch), exc_info=True)
             for item in batch:
                 try:
-                    self._write_one(item.task, item.result)
+                    write_one(item)
                 except Exception:
                     logger.exception("task %d %s: could not record its outcome", item.task.id, item.task.name)
                 self._tell(item, None)
@@ -236,6 +288,11 @@ class Completions:
             item.written(recorded)
         except Exception:
             logger.exception("task %d %s: handling its written outcome failed", item.task.id, item.task.name)
+
+
+def _error(item: _Waiting) -> BaseException | str:
+    assert item.error is not None  # (only failures are written as failures)
+    return item.error
 
 
 __all__ = ["Completions"]

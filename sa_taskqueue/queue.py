@@ -878,13 +878,55 @@ class TaskQueue:
         someone else's to write).
         """
         now = self.clock()
+        return self._finish(claimed, self._failure_values(claimed, error, now, retry=retry), now)
+
+    def fail_many(
+        self,
+        claimed: Sequence[ClaimedTask],
+        errors: Sequence[BaseException | str],
+        *,
+        retry: bool = True,
+    ) -> set[int]:
+        """Record many failures in one statement, each as `fail` records one; return the ids still held.
+
+        ``errors`` pairs with ``claimed``.  Each task still held (and so
+        written) is retried later with its own backoff while it has attempts
+        left, else marked FAILED; the others are left alone, their ids not
+        returned.  A worker whose tasks fail together writes them this way.
+        """
+        if isinstance(errors, str | bytes):
+            raise TypeError("errors must be a sequence with one error per task, not a single string")
+        tasks = list(claimed)
+        texts = list(errors)
+        if len(texts) != len(tasks):
+            raise ValueError(f"errors has {len(texts)} entries for {len(tasks)} tasks")
+        for task, error in zip(tasks, texts, strict=True):
+            _check_claimed(task)
+            if not isinstance(error, BaseException | str):
+                kind = type(error).__name__
+                raise TypeError(f"the error of task {task.id} must be an exception or a string, got {kind}")
+        if not tasks:
+            return set()
+        now = self.clock()
+        values = [
+            self._failure_values(task, error, now, retry=retry)
+            for task, error in zip(tasks, texts, strict=True)
+        ]
+        strategy = self.strategy
+        with self._database_errors():
+            return self._bridge.call(lambda: strategy.fail_many(self.engine, self.table, tasks, values, now))
+
+    def _failure_values(
+        self, claimed: ClaimedTask, error: BaseException | str, now: datetime, *, retry: bool
+    ) -> dict[str, Any]:
+        """What a failure writes: queued again after its backoff while attempts remain, else FAILED."""
         values: dict[str, Any] = {"last_error": format_error(error), "locked_until": None}
         if retry and claimed.malformed is None and claimed.attempts < claimed.max_attempts:
             values.update(status=TaskStatus.QUEUED, run_at=now + self.retry_delay(claimed))
         else:
             values.update(status=TaskStatus.FAILED, finished_at=now)
         _give_up_slot(claimed, values)
-        return self._finish(claimed, values, now)
+        return values
 
     def release(self, claimed: ClaimedTask) -> bool:
         """Give a task back unrun (shutting down): QUEUED again, the attempt not counted."""

@@ -217,6 +217,8 @@ class Worker:
             self._write_successes,
             self._record_success,
             delay=completion_delay,
+            fail_many=self._write_failures,
+            fail_one=self._record_failure,
         )
         self._database_down = False
         self._event_loop = event_loop
@@ -655,15 +657,10 @@ class Worker:
                     extra=task_fields(task, self.worker_id, duration=duration),
                 )
             if not outcome.committed:  # (a transactional task's completion is written already)
-                slot.completing = True
-                handed_off = False
-                try:
-                    handed_off = self._complete(slot, outcome)
-                finally:
-                    if not handed_off:
-                        slot.completing = False
-                        self._wake.set()  # the loop may be waiting for this write before it claims
-                if handed_off:
+                if outcome.result is not None and not is_storable(outcome.result):
+                    self._no_success(slot)
+                    self._record(task, outcome)  # recorded as the failure it is
+                elif self._write_outcome(slot, outcome.result, None, self.on_success):
                     return  # the slot is freed once the success is written; there is no hook to call
             else:
                 self._no_success(slot)
@@ -681,9 +678,8 @@ class Worker:
                     task, self.worker_id, duration=duration, error=error_message(outcome.error)
                 ),
             )
-            self._no_success(slot)
-            self._record(task, outcome)
-            self._hook(self.on_failure, task, outcome.error)
+            if not self._write_outcome(slot, None, outcome.error_text or outcome.error, self.on_failure):
+                self._hook(self.on_failure, task, outcome.error)
 
     def _run_transactional(self, slot: _Running, registered: RegisteredTask[Any, Any]) -> Outcome:
         """Run a transactional task, then commit its writes with its completion, or roll them back.
@@ -805,34 +801,44 @@ class Worker:
         if self._watchdog is not None:
             register_child(self._watchdog.fileno)
 
-    def _complete(self, slot: _Running, outcome: Outcome) -> bool:
-        """Record a success, in one statement with whatever other slots finished meanwhile.
+    def _write_outcome(
+        self,
+        slot: _Running,
+        result: Any,
+        error: BaseException | str | None,
+        hook: Callable[..., None] | None,
+    ) -> bool:
+        """Record a success (or, given ``error``, a failure) in one statement with others' ending meanwhile.
 
-        With no ``on_success`` hook to call once it is written, the success
-        is handed over and the slot's thread moves on at once (True): the
-        slot is freed when the write is done.  Otherwise this returns once
-        it is written (False).
+        With no ``hook`` to call once it is written, the outcome is handed
+        over and the slot's thread moves on at once (True): the slot is
+        freed when the write is done.  Otherwise this returns once it is
+        written (False), for the caller to call the hook.
         """
         task = slot.task
-        if outcome.result is not None and not is_storable(outcome.result):
-            self._no_success(slot)
-            self._record(task, outcome)  # recorded as the failure it is
-            return False
         slot.reported = True
-        if self.on_success is None:
-            slot.handed_off = True
-            self._completions.hand_off(task, outcome.result, partial(self._written, slot))
-            return True
+        slot.completing = True
+        handed_off = False
         try:
-            recorded = self._completions.record(task, outcome.result)
+            if hook is None:
+                slot.handed_off = True
+                self._completions.hand_off(task, result, partial(self._written, slot), error=error)
+                handed_off = True
+                return True
+            try:
+                recorded = self._completions.record(task, result, error=error)
+            finally:
+                slot.writing = False
         finally:
-            slot.writing = False
+            if not handed_off:
+                slot.completing = False
+                self._wake.set()  # the loop may be waiting for this write before it claims
         if recorded is False:
             logger.warning("task %d %s: outcome not recorded, the task was taken over", *_ids(task))
         return False
 
     def _written(self, slot: _Running, recorded: bool | None) -> None:
-        """A success handed over is written (on whichever thread wrote it): free its slot."""
+        """An outcome handed over is written (on whichever thread wrote it): free its slot."""
         slot.writing = False
         slot.completing = False
         if recorded is False:
@@ -840,6 +846,25 @@ class Worker:
         self._free(slot)
 
     def _write_successes(self, tasks: Sequence[ClaimedTask], results: Sequence[Any]) -> set[int] | None:
+        self._writing(tasks)
+        return self._through_outage(
+            lambda: self.queue.complete_many(tasks, results),
+            tasks,
+            partial(self._all_landed, tasks, completed=True),
+        )
+
+    def _write_failures(
+        self, tasks: Sequence[ClaimedTask], errors: Sequence[BaseException | str]
+    ) -> set[int] | None:
+        self._writing(tasks)
+        return self._through_outage(
+            lambda: self.queue.fail_many(tasks, errors),
+            tasks,
+            partial(self._all_landed, tasks, completed=False),
+        )
+
+    def _writing(self, tasks: Sequence[ClaimedTask]) -> None:
+        """The outcomes of ``tasks`` are in a statement on its way: their slots free within a write."""
         ids = {task.id for task in tasks}
         with self._lock:
             for slot in self._running.values():
@@ -847,52 +872,53 @@ class Worker:
                     slot.writing = True
         self._wake.set()  # the loop may claim ahead for these slots, during the write
 
-        def landed(written: set[int]) -> set[int]:
-            return written | {
-                task.id
-                for task in tasks
-                if task.id not in written and self.queue.outcome_written(task, completed=True)
-            }
-
-        return self._through_outage(lambda: self.queue.complete_many(tasks, results), tasks, landed)
+    def _all_landed(self, tasks: Sequence[ClaimedTask], written: set[int], *, completed: bool) -> set[int]:
+        return written | {
+            task.id
+            for task in tasks
+            if task.id not in written and self.queue.outcome_written(task, completed=completed)
+        }
 
     def _record_success(self, task: ClaimedTask, result: Any) -> None:
         self._record(task, Outcome(result=result))
 
     def _record(self, task: ClaimedTask, outcome: Outcome) -> None:
         """Write the outcome of one task: completed, or failed (retried later, or for good)."""
-        while True:
-            try:
-                if outcome.error is None:
-                    try:
-                        recorded = self._through_outage(
-                            partial(self.queue.complete, task, outcome.result),
-                            [task],
-                            partial(self._landed, task, completed=True),
-                        )
-                    except TypeError as error:
-                        # A result that cannot be stored (not JSON): the run
-                        # failed as far as anyone reading the row can tell.
-                        outcome = Outcome(error=error)
-                        continue
-                else:
-                    error_value: BaseException | str = outcome.error_text or outcome.error
-                    recorded = self._through_outage(
-                        partial(self.queue.fail, task, error_value),
-                        [task],
-                        partial(self._landed, task, completed=False),
-                    )
-            except DatabaseError as error:
-                if outcome.error is None:
-                    # The database refused the result itself (e.g. NaN in JSON).
-                    logger.warning("task %d %s: its result cannot be stored: %s", *_ids(task), error)
-                    outcome = Outcome(error=error)
-                    continue
-                logger.exception("task %d %s: could not record the failure", *_ids(task))
-                return
-            if recorded is False:
-                logger.warning("task %d %s: outcome not recorded, the task was taken over", *_ids(task))
+        if outcome.error is not None:
+            self._record_failure(task, outcome.error_text or outcome.error)
             return
+        try:
+            recorded = self._through_outage(
+                partial(self.queue.complete, task, outcome.result),
+                [task],
+                partial(self._landed, task, completed=True),
+            )
+        except TypeError as error:
+            # A result that cannot be stored (not JSON): the run failed as
+            # far as anyone reading the row can tell.
+            self._record_failure(task, error)
+            return
+        except DatabaseError as error:
+            # The database refused the result itself (e.g. NaN in JSON).
+            logger.warning("task %d %s: its result cannot be stored: %s", *_ids(task), error)
+            self._record_failure(task, error)
+            return
+        if recorded is False:
+            logger.warning("task %d %s: outcome not recorded, the task was taken over", *_ids(task))
+
+    def _record_failure(self, task: ClaimedTask, error: BaseException | str) -> None:
+        """Write one task's failure on its own: retried later, or failed for good."""
+        try:
+            recorded = self._through_outage(
+                partial(self.queue.fail, task, error),
+                [task],
+                partial(self._landed, task, completed=False),
+            )
+        except DatabaseError:
+            logger.exception("task %d %s: could not record the failure", *_ids(task))
+            return
+        if recorded is False:
+            logger.warning("task %d %s: outcome not recorded, the task was taken over", *_ids(task))
 
     def _landed(self, task: ClaimedTask, written: bool, *, completed: bool) -> bool:
         return written or self.queue.outcome_written(task, completed=completed)

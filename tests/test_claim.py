@@ -471,3 +471,95 @@ def test_complete_many_writes_more_tasks_than_one_statement_takes(
     assert {(row.status, row.result) for row in (task_row(engine, i) for i in ids[:3])} == {
         (tq.TaskStatus.COMPLETED, i) for i in ids[:3]
     }
+
+
+def test_fail_many_writes_each_failure_as_fail_writes_it_retried_or_failed_for_good(
+    clocked_queue: tq.TaskQueue, engine: sa.Engine, clock: MovableClock
+) -> None:
+    queue = clocked_queue
+    retried = enqueue(queue, engine, 2, max_attempts=3)
+    final = enqueue(queue, engine, 2, max_attempts=1)
+    claimed = {task.id: task for task in queue.claim(limit=4)}
+    by_one = [claimed[retried[0]], claimed[final[0]]]
+    together = [claimed[retried[1]], claimed[final[1]]]
+    errors: list[BaseException | str] = [ValueError("kaput"), "upstream said no"]
+    failed_at = clock.now()
+    for task, error in zip(by_one, errors, strict=True):
+        assert queue.fail(task, error) is True
+    assert queue.fail_many(together, errors) == {task.id for task in together}
+    for one, other in zip(by_one, together, strict=True):
+        one_row, other_row = task_row(engine, one.id), task_row(engine, other.id)
+        assert (other_row.status, other_row.last_error, other_row.finished_at, other_row.locked_until) == (
+            one_row.status,
+            one_row.last_error,
+            one_row.finished_at,
+            None,
+        )
+    retried_row, final_row = task_row(engine, retried[1]), task_row(engine, final[1])
+    assert retried_row.status == tq.TaskStatus.QUEUED and retried_row.finished_at is None
+    assert retried_row.last_error is not None and "ValueError: kaput" in retried_row.last_error
+    registered = queue.registered("record")
+    assert registered is not None
+    base = registered.options.retry_delay
+    assert base <= retried_row.run_at - failed_at <= base * 1.25  # up to 25% jitter
+    assert (final_row.status, final_row.last_error, final_row.finished_at) == (
+        tq.TaskStatus.FAILED,
+        "upstream said no",
+        failed_at,
+    )
+    assert final_row.run_at == task_row(engine, final[0]).run_at, "a failure for good keeps its run_at"
+    clock.advance(TICK)
+    assert queue.fail_many(together, errors) == set(), "a failure is written once"
+
+
+def test_fail_many_without_retry_ends_every_task_failed_at_once(
+    clocked_queue: tq.TaskQueue, engine: sa.Engine, clock: MovableClock
+) -> None:
+    queue = clocked_queue
+    ids = enqueue(queue, engine, 3, max_attempts=5)
+    claimed = queue.claim(limit=3)
+    assert queue.fail_many(claimed, ["no"] * 3, retry=False) == set(ids)
+    assert {(task_row(engine, i).status, task_row(engine, i).finished_at) for i in ids} == {
+        (tq.TaskStatus.FAILED, clock.now())
+    }
+
+
+@pytest.mark.parametrize("lease", [timedelta(seconds=1)])
+def test_fail_many_writes_only_the_tasks_still_held(
+    clocked_queue: tq.TaskQueue, engine: sa.Engine, strategy_name: str, lease: timedelta, clock: MovableClock
+) -> None:
+    queue = clocked_queue
+    lost, second, kept = a_claim_lost_and_a_claim_kept(queue, engine, strategy_name, lease, clock)
+    assert queue.fail_many([lost, kept], ["the old holder's", "kept's"]) == {kept.id}
+    lost_row, kept_row = task_row(engine, lost.id), task_row(engine, kept.id)
+    assert (lost_row.status, lost_row.locked_by) == (tq.TaskStatus.RUNNING, "second")
+    assert lost_row.last_error != "the old holder's"
+    assert (kept_row.status, kept_row.last_error) == (tq.TaskStatus.QUEUED, "kept's")
+    # Nor does it take the new holder's failure, written first, for its own.
+    clock.advance(TICK)
+    assert queue.fail(second, "the new holder's") is True
+    assert queue.fail_many([lost], ["the old holder's"]) == set()
+    assert task_row(engine, lost.id).last_error == "the new holder's"
+
+
+def test_fail_many_refuses_bad_input_before_writing_anything(queue: tq.TaskQueue, engine: sa.Engine) -> None:
+    enqueue(queue, engine, 2)
+    first, second = queue.claim(limit=2)
+    with pytest.raises(ValueError, match="errors has 1 entries for 2 tasks"):
+        queue.fail_many([first, second], ["only one"])
+    with pytest.raises(TypeError, match="not a single string"):
+        queue.fail_many([first], "boom")
+    with pytest.raises(TypeError, match=f"task {second.id} must be an exception or a string, got int"):
+        queue.fail_many([first, second], ["fine", 42])  # type: ignore[list-item]
+    assert {task_row(engine, task.id).status for task in (first, second)} == {tq.TaskStatus.RUNNING}
+    assert queue.fail_many([], []) == set()
+    assert queue.fail_many([first, second], ["a", "b"]) == {first.id, second.id}
+
+
+def test_fail_many_writes_more_tasks_than_one_statement_takes(queue: tq.TaskQueue, engine: sa.Engine) -> None:
+    ids = enqueue(queue, engine, 120, max_attempts=1)
+    claimed = queue.claim(limit=120)
+    assert queue.fail_many(claimed, [f"error {task.id}" for task in claimed]) == set(ids)
+    assert {(row.status, row.last_error) for row in (task_row(engine, i) for i in ids[::40])} == {
+        (tq.TaskStatus.FAILED, f"error {i}") for i in ids[::40]
+    }

@@ -441,3 +441,19 @@ def test_a_deadlock_victim_is_told_from_other_errors() -> None:
     oracle_backend = backend_for(oracle.dialect())
     assert oracle_backend.lost_lock_race(Exception("ORA-00060: deadlock detected while waiting for resource"))
     assert not oracle_backend.lost_lock_race(Exception("ORA-00001: unique constraint (X.Y) violated"))
+
+
+def test_failures_written_together_free_their_slots(engine: sa.Engine, strategy_name: str) -> None:
+    clock = MovableClock()
+    queue = make_limited_queue(engine, strategy_name, timedelta(minutes=5), clock.now)
+    try:
+        enqueue(queue, engine, ["a"] * 4)
+        held = queue.claim(limit=5)
+        assert len(held) == LIMIT and queue.claim() == []
+        assert queue.fail_many(held, ["boom"] * LIMIT, retry=False) == {task.id for task in held}
+        again = queue.claim(limit=5)
+        slots = sorted(task.concurrency_slot or 0 for task in held)
+        assert sorted(task.concurrency_slot or 0 for task in again) == slots, "the failed tasks' slots"
+        assert max(running_per_key(engine).values()) <= LIMIT
+    finally:
+        queue.close()

@@ -133,6 +133,81 @@ def test_successes_of_slots_finishing_together_go_in_one_statement_while_none_is
         assert len(completions) == 1, completions
 
 
+def enqueue_tasks_ending_together(queue: tq.TaskQueue, engine: sa.Engine, fails: list[bool]) -> None:
+    """One "fail_or_not" task per entry, run once: once all have started, each raises (True) or returns."""
+    together = threading.Barrier(len(fails), timeout=30)
+
+    @queue.task(name="fail_or_not", max_attempts=1)
+    def fail_or_not(n: int, fail: bool) -> int:
+        together.wait()
+        if fail:
+            raise ValueError(f"task {n} failed")
+        return n
+
+    with Session(engine) as session:
+        queue.enqueue_many(session, "fail_or_not", [{"n": n, "fail": fail} for n, fail in enumerate(fails)])
+        session.commit()
+
+
+def ended_as(engine: sa.Engine) -> dict[int, tuple[tq.TaskStatus, object]]:
+    """Each "fail_or_not" task's status and its result, or the last line of its error."""
+    return {
+        t.params["n"]: (t.status, t.result if t.last_error is None else t.last_error.strip().splitlines()[-1])
+        for t in rows(engine)
+    }
+
+
+def test_failures_of_slots_failing_together_go_in_one_statement_while_none_is_left_running(
+    queue: tq.TaskQueue, engine: sa.Engine
+) -> None:
+    slots = 8
+    enqueue_tasks_ending_together(queue, engine, [True] * slots)
+    with completion_statements(queue) as writes:
+        worker = queue.run_worker(concurrency=slots, burst=True, poll_interval=0.05, completion_delay=600)
+    assert (worker.processed, worker.failed) == (0, slots)
+    assert ended_as(engine) == {
+        n: (tq.TaskStatus.FAILED, f"ValueError: task {n} failed") for n in range(slots)
+    }
+    if queue.strategy.name != "advisory_lock":  # each advisory task releases its own lock
+        assert len(writes) == 1, writes
+
+
+def test_successes_and_failures_ending_together_go_in_one_statement_for_each(
+    queue: tq.TaskQueue, engine: sa.Engine
+) -> None:
+    fails = [n % 2 == 1 for n in range(8)]
+    enqueue_tasks_ending_together(queue, engine, fails)
+    with completion_statements(queue) as writes:
+        worker = queue.run_worker(concurrency=8, burst=True, poll_interval=0.05, completion_delay=600)
+    assert (worker.processed, worker.failed) == (4, 4)
+    assert ended_as(engine) == {
+        n: (tq.TaskStatus.FAILED, f"ValueError: task {n} failed") if fail else (tq.TaskStatus.COMPLETED, n)
+        for n, fail in enumerate(fails)
+    }
+    if queue.strategy.name != "advisory_lock":
+        assert len(writes) == 2, writes
+
+
+def test_an_on_failure_hook_is_called_once_the_failure_is_written(
+    queue: tq.TaskQueue, engine: sa.Engine
+) -> None:
+    slots = 4
+    enqueue_tasks_ending_together(queue, engine, [True] * slots)
+    seen: list[tuple[tq.TaskStatus, str]] = []
+
+    def on_failure(task: tq.ClaimedTask, error: BaseException) -> None:
+        seen.append((task_row(engine, task.id).status, str(error)))
+
+    with completion_statements(queue) as writes:
+        worker = queue.run_worker(
+            concurrency=slots, burst=True, poll_interval=0.05, completion_delay=600, on_failure=on_failure
+        )
+    assert worker.failed == slots
+    assert sorted(seen) == sorted((tq.TaskStatus.FAILED, f"task {n} failed") for n in range(slots))
+    if queue.strategy.name != "advisory_lock":
+        assert len(writes) == 1, writes
+
+
 def long_and_quick_tasks(queue: tq.TaskQueue) -> tuple[threading.Event, threading.Event]:
     """Register "long", which returns once the first event is set, and "quick", which sets the second."""
     long_may_end, quick_returned = threading.Event(), threading.Event()

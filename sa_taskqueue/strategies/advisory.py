@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import threading
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -320,6 +320,21 @@ class AdvisoryLockStrategy(ClaimStrategy):
             task.id
             for task, result in zip(tasks, results, strict=True)
             if self.finish(engine, table, task, {**values, "result": result}, now)
+        }
+
+    def fail_many(
+        self,
+        engine: Engine,
+        table: Table,
+        tasks: Sequence[ClaimedTask],
+        values: Sequence[Mapping[str, Any]],
+        now: datetime,
+    ) -> set[int]:
+        # As complete_many: each failure releases its task's lock as it is written.
+        return {
+            task.id
+            for task, row in zip(tasks, values, strict=True)
+            if self.finish(engine, table, task, row, now)
         }
 
     def _release(self, holder: _Holder, key: ClaimKey) -> None:

@@ -26,7 +26,7 @@ class ClaimStrategy(LeaseWrites, ABC):
     """How workers take tasks without two of them ever holding the same one.
 
     A strategy implements `claim`; it inherits the fenced writes out of
-    RUNNING (`finish`, `complete_many`, `extend`) and lease recovery
+    RUNNING (`finish`, `complete_many`, `fail_many`, `extend`) and lease recovery
     (`recover`) from `LeaseWrites`, and overrides them where its locks, not
     leases, say who holds a task.  Each method runs its own short transaction
     on connections from the given engine and never touches an application's

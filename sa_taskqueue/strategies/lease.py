@@ -24,6 +24,7 @@ from sqlalchemy import (
     and_,
     bindparam,
     case,
+    func,
     literal,
     or_,
     select,
@@ -45,6 +46,12 @@ LEASE_EXPIRED_ERROR = "lease expired: the worker holding this task stopped renew
 #: The most tasks `LeaseWrites.complete_many` writes in one statement
 #: (SQLite limits how deep an expression may nest).
 COMPLETE_MANY_CHUNK = 100
+#: The most tasks `LeaseWrites.fail_many` writes in one statement: each
+#: brings a dozen parameters, and SQLite before 3.32 takes at most 999.
+FAIL_MANY_CHUNK = 50
+#: The columns a failure writes row by row (`fail_many_statement`); the
+#: others it writes are the same for every row.
+FAILURE_COLUMNS = ("status", "last_error", "run_at", "finished_at")
 
 HELD_ID = "held_id"
 HELD_BY = "held_by"
@@ -57,7 +64,8 @@ class LeaseWrites:
     """Guarded writes and lease recovery, run on the strategy's `StatementExecutor`.
 
     A strategy that says otherwise who holds a task overrides `holds` (and,
-    where its locks need it, `finish`, `complete_many` and `recover`).
+    where its locks need it, `finish`, `complete_many`, `fail_many` and
+    `recover`).
     """
 
     executor: StatementExecutor
@@ -201,6 +209,65 @@ class LeaseWrites:
                 or_(*(claim_identity(table, f"_{index}") for index in range(count))),
             )
             return set(conn.execute(written_ids, params).scalars())
+
+    def fail_many(
+        self,
+        engine: Engine,
+        table: Table,
+        tasks: Sequence[ClaimedTask],
+        values: Sequence[Mapping[str, Any]],
+        now: datetime,
+    ) -> set[int]:
+        """Write each still-held task's failure ``values``, in one statement; return the ids written.
+
+        ``values`` pairs with ``tasks``: what `finish` would write for each
+        (``status``, ``last_error`` and ``run_at`` or ``finished_at``; and
+        ``concurrency_slot`` cleared where the task holds one).  Row by row
+        under the same guard as `finish`.  At most `FAIL_MANY_CHUNK` tasks go
+        in one statement.  Where finished tasks are announced (PostgreSQL),
+        every id written is, those queued again to retry too: their waiters
+        read the row, find it unfinished, and wait on.
+        """
+        if len(tasks) > FAIL_MANY_CHUNK:
+            done: set[int] = set()
+            for start in range(0, len(tasks), FAIL_MANY_CHUNK):
+                chunk = slice(start, start + FAIL_MANY_CHUNK)
+                done |= self.fail_many(engine, table, tasks[chunk], values[chunk], now)
+            return done
+        count = len(tasks)
+        backend = backend_for(engine.dialect)
+        returning = backend.update_returning
+        announce = backend.notify
+        clears_slots = any("concurrency_slot" in row for row in values)
+
+        def build() -> Any:
+            statement = fail_many_statement(table, count, clears_slots=clears_slots)
+            if announce:
+                return announcing(statement, table)
+            return statement.returning(table.c.id) if returning else statement
+
+        statement = self.executor.prepared(
+            ("fail_many", count, clears_slots, announce), engine.dialect, table, build
+        )
+        params: dict[str, Any] = {HELD_NOW: now}
+        for index, (task, row) in enumerate(zip(tasks, values, strict=True)):
+            params.update(held_params(task, suffix=f"_{index}"))
+            for name in FAILURE_COLUMNS:
+                params[f"{name}_{index}"] = row.get(name)
+        with self.executor.single_statement(engine) as conn:
+            written = statement.execute(conn, params)
+            if announce:
+                return announced_ids(written.scalar())
+            if returning:
+                return {row[0] for row in written}
+            if written.rowcount == count:
+                return {task.id for task in tasks}
+            # Without RETURNING, and some rows not ours any more: the rows
+            # written are those holding, under one of these claims, exactly
+            # what this statement wrote to it: its status, and its finish
+            # (failed for good at ``now``) or its retry's time (``now``
+            # plus a backoff with jitter), never an earlier write's.
+            return set(conn.execute(written_failures(table, values), params).scalars())
 
     def _complete_from_arrays(
         self,
@@ -379,6 +446,67 @@ def complete_many_statement(table: Table, count: int, with_results: bool, *, ret
     return statement.returning(table.c.id) if returning else statement
 
 
+def fail_many_statement(table: Table, count: int, *, clears_slots: bool) -> Any:
+    """The UPDATE writing ``count`` held tasks' failures at once, each under its own claim test.
+
+    Its parameters are `held_params` names suffixed ``_0`` .. ``_{count-1}``,
+    ``held_now``, and each of `FAILURE_COLUMNS` suffixed likewise: a row's
+    ``status`` and ``last_error`` are written, its ``run_at`` (a retry) and
+    ``finished_at`` (a failure for good) only where given, not None.  With
+    ``clears_slots`` every row's ``concurrency_slot`` is cleared (it is
+    already clear where the task holds none).  The rows are found by their
+    ids, as in `same_claim`.
+    """
+
+    def row_by_row(name: str, *, keep_unless_given: bool) -> Any:
+        column = table.c[name]
+        whens = []
+        for index in range(count):
+            value: Any = bindparam(f"{name}_{index}", type_=column.type)
+            if keep_unless_given:
+                value = func.coalesce(value, column)
+            whens.append((table.c.id == bindparam(f"{HELD_ID}_{index}", type_=table.c.id.type), value))
+        return case(*whens, else_=column)
+
+    values: dict[str, Any] = {
+        "status": row_by_row("status", keep_unless_given=False),
+        "last_error": row_by_row("last_error", keep_unless_given=False),
+        "run_at": row_by_row("run_at", keep_unless_given=True),
+        "finished_at": row_by_row("finished_at", keep_unless_given=True),
+        "locked_until": None,
+    }
+    if clears_slots:
+        values["concurrency_slot"] = None
+    return (
+        update(table)
+        .where(
+            has_status(table, TaskStatus.RUNNING, indexed=False),
+            table.c.locked_until > bindparam(HELD_NOW, type_=table.c.locked_until.type),
+            or_(*(claim_identity(table, f"_{index}") for index in range(count))),
+        )
+        .values(values)
+    )
+
+
+def written_failures(table: Table, values: Sequence[Mapping[str, Any]]) -> Any:
+    """The ids of the rows `fail_many_statement`, run with the same parameters, wrote ``values`` to."""
+
+    def bound(name: str, index: int) -> BindParameter[Any]:
+        return bindparam(f"{name}_{index}", type_=table.c[name].type)
+
+    written = []
+    for index, row in enumerate(values):
+        mark = "finished_at" if row.get("finished_at") is not None else "run_at"
+        written.append(
+            and_(
+                claim_identity(table, f"_{index}"),
+                table.c.status == bound("status", index),
+                table.c[mark] == bound(mark, index),
+            )
+        )
+    return select(table.c.id).where(or_(*written))
+
+
 def orphan_values(table: Table, now: datetime, reason: str) -> dict[str, Any]:
     """A running task whose worker is gone: back to queued, or failed if out of attempts."""
     out_of_attempts = table.c.attempts >= table.c.max_attempts
@@ -394,10 +522,12 @@ def orphan_values(table: Table, now: datetime, reason: str) -> dict[str, Any]:
 
 __all__ = [
     "COMPLETE_MANY_CHUNK",
+    "FAIL_MANY_CHUNK",
     "LEASE_EXPIRED_ERROR",
     "LeaseWrites",
     "claim_identity",
     "complete_many_statement",
+    "fail_many_statement",
     "held_params",
     "orphan_values",
     "same_claim",
