@@ -128,6 +128,7 @@ class Worker:
     ignored.  ``on_success`` is called, in the task's thread, once its success
     is written; without it, a task's thread is free at once while its success
     waits to be written with others' (the slot is freed once it is written).
+    ``on_failure`` and a task's failure likewise.
 
     The worker claims only tasks whose names it has registered: a task of a
     newer release stays queued for the workers that know it.
@@ -135,8 +136,9 @@ class Worker:
     ``completion_delay`` (seconds) is how long a success may wait for the
     other tasks claimed and not finished, so that they are completed in one
     statement (`sa_taskqueue.completions`); it never waits once none is left.
-    0 writes each batch as soon as no write is under way.  Either way a slot
-    is freed, for another claim, only once its outcome is written.
+    Failures wait likewise, and go in a statement of their own.  0 writes
+    each batch as soon as no write is under way.  Either way a slot is
+    freed, for another claim, only once its outcome is written.
 
     With ``watchdog`` (the default) a process of its own (`sa_taskqueue.watchdog`)
     kills this process and its task processes if the leases of running tasks

@@ -14,6 +14,8 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
+import pytest
+
 from sa_taskqueue.claimed import ClaimedTask
 from sa_taskqueue.completions import Completions
 from tests.helpers import wait_until
@@ -43,6 +45,7 @@ class Writes:
 
     def __init__(self) -> None:
         self.batches: list[tuple[list[int], str]] = []
+        self.errors: list[BaseException | str] = []
         self.writing = threading.Event()
         self.may_write = threading.Event()
         self.may_write.set()
@@ -56,11 +59,29 @@ class Writes:
     def one(self, task: ClaimedTask, _result: Any) -> None:
         self.batches.append(([task.id], threading.current_thread().name))
 
+    def failures(self, tasks: Sequence[ClaimedTask], errors: Sequence[BaseException | str]) -> set[int]:
+        """Failures go in batches of their own, told apart by negative ids, with their errors kept."""
+        self.errors.extend(errors)
+        self.batches.append(([-task.id for task in tasks], threading.current_thread().name))
+        return {task.id for task in tasks}
+
+    def failure(self, task: ClaimedTask, error: BaseException | str) -> None:
+        self.errors.append(error)
+        self.batches.append(([-task.id], threading.current_thread().name))
+
 
 @contextmanager
-def serving(writes: Writes, delay: float, write_many: Any = None) -> Iterator[Completions]:
-    """Completions writing through ``writes`` (or ``write_many``), their thread started, closed after."""
-    completions = Completions(write_many or writes.many, writes.one, delay=delay)
+def serving(
+    writes: Writes, delay: float, write_many: Any = None, fail_many: Any = None
+) -> Iterator[Completions]:
+    """Completions writing through ``writes`` (or those given), their thread started, closed after."""
+    completions = Completions(
+        write_many or writes.many,
+        writes.one,
+        delay=delay,
+        fail_many=fail_many or writes.failures,
+        fail_one=writes.failure,
+    )
     completions.start()
     try:
         yield completions
@@ -170,3 +191,43 @@ def test_closing_while_a_slot_writes_its_batch_returns_once_that_write_is_done()
     wait_until(lambda: not closer.is_alive(), 10, "close() to return once the slot's write is done")
     slot.join(30)
     assert [ids for ids, _ in writes.batches] == [[1]]
+
+
+def test_failures_wait_as_successes_do_and_go_in_a_statement_of_their_own() -> None:
+    writes = Writes()
+    with serving(writes, 600) as completions:
+        completions.begin(4)
+        recorded: dict[int, bool | None] = {}
+        completions.hand_off(claimed(1), None, told(recorded, 1), error="first")
+        completions.hand_off(claimed(2), "two", told(recorded, 2))
+        completions.hand_off(claimed(3), None, told(recorded, 3), error=ValueError("third"))
+        assert writes.batches == [] and recorded == {}, "three of four ended: the batch waits for the fourth"
+        completions.hand_off(claimed(4), None, told(recorded, 4), error="fourth")
+        thread = threading.current_thread().name
+        assert writes.batches == [([2], thread), ([-1, -3, -4], thread)]
+        assert [str(error) for error in writes.errors] == ["first", "third", "fourth"]
+        assert recorded == dict.fromkeys((1, 2, 3, 4), True)
+
+
+def test_a_failure_batch_whose_write_fails_is_written_one_by_one_and_each_is_told() -> None:
+    def fails(_tasks: Sequence[ClaimedTask], _errors: Sequence[Any]) -> set[int]:
+        raise RuntimeError("injected: the batch write fails")
+
+    writes = Writes()
+    with serving(writes, 600, fail_many=fails) as completions:
+        completions.begin(2)
+        recorded: dict[int, bool | None] = {}
+        completions.hand_off(claimed(1), None, told(recorded, 1), error="one")
+        completions.hand_off(claimed(2), None, told(recorded, 2), error="two")
+        assert [ids for ids, _ in writes.batches] == [[-1], [-2]]
+        assert writes.errors == ["one", "two"]
+        assert recorded == {1: None, 2: None}  # each write reports for itself
+
+
+def test_completions_given_no_failure_writers_refuse_a_failure() -> None:
+    writes = Writes()
+    completions = Completions(writes.many, writes.one, delay=600)
+    with pytest.raises(ValueError, match="write no failures"):
+        completions.hand_off(claimed(1), None, told({}, 1), error="boom")
+    with pytest.raises(ValueError, match="given together"):
+        Completions(writes.many, writes.one, fail_many=writes.failures)
