@@ -52,7 +52,7 @@ from sa_taskqueue.notify import Listener, can_listen
 from sa_taskqueue.schedules import run_ticker
 from sa_taskqueue.slot_threads import SlotThreads
 from sa_taskqueue.transactional import AsyncRun, SyncRun, check_no_transactional, log_lease_lost
-from sa_taskqueue.validation import is_storable
+from sa_taskqueue.validation import check_result
 from sa_taskqueue.watchdog import Watchdog, kill_at, register_child
 
 if TYPE_CHECKING:
@@ -646,6 +646,13 @@ class Worker:
         given_back = self._finished(slot)
         if given_back or isinstance(outcome.error, GivenBack) or outcome.committed is False:
             return
+        if outcome.ok and not outcome.committed and outcome.result is not None:
+            try:
+                check_result(outcome.result)
+            except TypeError as error:
+                # A result no database can store (not JSON): the run failed
+                # as far as anyone reading the row can tell, hooks included.
+                outcome = Outcome(error=error)
         duration = time.monotonic() - slot.started
         if outcome.error is None:
             with self._lock:
@@ -659,10 +666,7 @@ class Worker:
                     extra=task_fields(task, self.worker_id, duration=duration),
                 )
             if not outcome.committed:  # (a transactional task's completion is written already)
-                if outcome.result is not None and not is_storable(outcome.result):
-                    self._no_success(slot)
-                    self._record(task, outcome)  # recorded as the failure it is
-                elif self._write_outcome(slot, outcome.result, None, self.on_success):
+                if self._write_outcome(slot, outcome.result, None, self.on_success):
                     return  # the slot is freed once the success is written; there is no hook to call
             else:
                 self._no_success(slot)

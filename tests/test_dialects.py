@@ -24,7 +24,7 @@ from sa_taskqueue.strategies import registry
 from sa_taskqueue.strategies.claiming import ClaimRequest
 from sa_taskqueue.strategies.conditional import ConditionalUpdateStrategy
 from sa_taskqueue.strategies.held_arrays import complete_from_arrays_statement, held_claims
-from sa_taskqueue.strategies.lease import HELD_NOW, complete_many_statement
+from sa_taskqueue.strategies.lease import HELD_NOW, complete_many_statement, fail_many_statement
 from sa_taskqueue.strategies.skip_locked import SkipLockedStrategy, locking_select
 from tests.app import make_queue
 from tests.backends import Backend
@@ -70,6 +70,24 @@ def test_mysql_locking_select_limits_outside_any_subquery() -> None:
     )
     assert "(SELECT" not in text
     assert not dialect.update_returning, "MySQL has no UPDATE ... RETURNING, hence select-then-update"
+
+
+@pytest.mark.parametrize(
+    "dialect",
+    [postgresql.dialect(), mysql.dialect(), oracle.dialect(), sqlite.dialect()],
+    ids=["postgresql", "mysql", "oracle", "sqlite"],
+)
+def test_a_batch_of_failures_is_one_update_each_row_under_its_own_claim(dialect: sa.engine.Dialect) -> None:
+    text = sql(fail_many_statement(TABLE, 3, clears_slots=True), dialect)
+    assert text.startswith("UPDATE sa_taskqueue_task SET "), text
+    assert " FROM " not in text and "SELECT" not in text, "no join or subquery a dialect may refuse"
+    # Each row's status, error, retry time and finish, picked by its id; the rest alike for all.
+    assert text.count("CASE WHEN") == 4 and text.count("END") == 4, text
+    assert re.search(r"locked_until=[:%?]", text) and re.search(r"concurrency_slot=[:%?]", text), text
+    # Three claim tests, each with the row's worker, attempt and start, under a live lease.
+    assert text.count("sa_taskqueue_task.locked_by = ") == 3, text
+    assert text.count("sa_taskqueue_task.started_at = ") == 3, text
+    assert "sa_taskqueue_task.locked_until > " in text, text
 
 
 def test_sqlite_drops_for_update_so_it_gets_the_conditional_update() -> None:

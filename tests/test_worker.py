@@ -701,7 +701,18 @@ def test_a_result_the_database_refuses_fails_the_task_and_frees_it(
         queue.enqueue(session, "not_a_number")
         queue.enqueue(session, "record", {"key": 1})
         session.commit()
-    queue.run_worker(concurrency=2, burst=True, poll_interval=0.05)
+    succeeded: list[str] = []
+    failed: list[tuple[str, str]] = []
+    worker = queue.run_worker(
+        concurrency=2,
+        burst=True,
+        poll_interval=0.05,
+        on_success=lambda task, _result: succeeded.append(task.name),
+        on_failure=lambda task, error: failed.append((task.name, type(error).__name__)),
+    )
+    # It failed, as far as the worker's counts and hooks go too.
+    assert (worker.processed, worker.failed) == (1, 1)
+    assert (succeeded, failed) == (["record"], [("not_a_number", "TypeError")])
     by_name = {t.name: t for t in rows(engine)}
     assert by_name["not_a_number"].status == tq.TaskStatus.FAILED
     assert "JSON" in (by_name["not_a_number"].last_error or "")
