@@ -9,7 +9,7 @@ writes nothing: its UPDATE matches no row.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -19,6 +19,7 @@ from sqlalchemy import (
     ClauseElement,
     ColumnElement,
     Connection,
+    CursorResult,
     Engine,
     Table,
     and_,
@@ -157,11 +158,11 @@ class LeaseWrites:
         `COMPLETE_MANY_CHUNK` tasks go in one statement.
         """
         if len(tasks) > COMPLETE_MANY_CHUNK:
-            done: set[int] = set()
-            for start in range(0, len(tasks), COMPLETE_MANY_CHUNK):
-                chunk = slice(start, start + COMPLETE_MANY_CHUNK)
-                done |= self.complete_many(engine, table, tasks[chunk], results[chunk], now)
-            return done
+            return in_chunks(
+                lambda chunk: self.complete_many(engine, table, tasks[chunk], results[chunk], now),
+                len(tasks),
+                COMPLETE_MANY_CHUNK,
+            )
         count = len(tasks)
         with_results = any(result is not None for result in results)
         backend = backend_for(engine.dialect)
@@ -191,12 +192,9 @@ class LeaseWrites:
                 params[f"result_{index}"] = result
         with self.executor.single_statement(engine) as conn:
             written = statement.execute(conn, params)
-            if announce:
-                return announced_ids(written.scalar())
-            if returning:
-                return {row[0] for row in written}
-            if written.rowcount == count:
-                return {task.id for task in tasks}
+            told = ids_written(written, tasks, announced=announce, returning=returning)
+            if told is not None:
+                return told
             if count == 1:
                 return set()
             # Without RETURNING, and some rows not ours any more: the rows
@@ -229,11 +227,11 @@ class LeaseWrites:
         read the row, find it unfinished, and wait on.
         """
         if len(tasks) > FAIL_MANY_CHUNK:
-            done: set[int] = set()
-            for start in range(0, len(tasks), FAIL_MANY_CHUNK):
-                chunk = slice(start, start + FAIL_MANY_CHUNK)
-                done |= self.fail_many(engine, table, tasks[chunk], values[chunk], now)
-            return done
+            return in_chunks(
+                lambda chunk: self.fail_many(engine, table, tasks[chunk], values[chunk], now),
+                len(tasks),
+                FAIL_MANY_CHUNK,
+            )
         count = len(tasks)
         backend = backend_for(engine.dialect)
         returning = backend.update_returning
@@ -256,12 +254,9 @@ class LeaseWrites:
                 params[f"{name}_{index}"] = row.get(name)
         with self.executor.single_statement(engine) as conn:
             written = statement.execute(conn, params)
-            if announce:
-                return announced_ids(written.scalar())
-            if returning:
-                return {row[0] for row in written}
-            if written.rowcount == count:
-                return {task.id for task in tasks}
+            told = ids_written(written, tasks, announced=announce, returning=returning)
+            if told is not None:
+                return told
             # Without RETURNING, and some rows not ours any more: the rows
             # written are those holding, under one of these claims, exactly
             # what this statement wrote to it: its status, and its finish
@@ -369,6 +364,32 @@ class LeaseWrites:
     def lock_rows(self, conn: Connection, query: Any) -> Any:
         """Turn a SELECT of rows this transaction will update into one safe to run concurrently."""
         return query
+
+
+def in_chunks(write: Callable[[slice], set[int]], count: int, size: int) -> set[int]:
+    """``write`` each slice of at most ``size`` of ``count`` tasks, one after the other; every id written."""
+    written: set[int] = set()
+    for start in range(0, count, size):
+        written |= write(slice(start, start + size))
+    return written
+
+
+def ids_written(
+    result: CursorResult[Any], tasks: Sequence[ClaimedTask], *, announced: bool, returning: bool
+) -> set[int] | None:
+    """The ids a guarded UPDATE of ``tasks`` wrote, as its ``result`` tells them.
+
+    From the `announcing` row, or the rows RETURNING sent, or else from the
+    row count when it counts every task; None when it counts fewer, and
+    only a query can tell which.
+    """
+    if announced:
+        return announced_ids(result.scalar())
+    if returning:
+        return {row[0] for row in result}
+    if result.rowcount == len(tasks):
+        return {task.id for task in tasks}
+    return None
 
 
 def same_claim(table: Table) -> ColumnElement[bool]:
