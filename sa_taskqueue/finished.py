@@ -75,6 +75,9 @@ WAIT_KEYS = 2**31
 def announcing(statement: Update, table: Table) -> Select[Any]:
     """``statement`` (an UPDATE writing a final status) as one that also announces the waited ids it wrote.
 
+    (A worker's batch of failures may queue some of its tasks again to
+    retry: they are announced too, and their waiters read the row and wait on.)
+
     For PostgreSQL, where the hot writes run in autocommit: a second
     statement, or a BEGIN and COMMIT around the two, would cost round trips
     on every completion, where this costs none.  The UPDATE runs in a CTE

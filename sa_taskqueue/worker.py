@@ -97,11 +97,11 @@ class _Running:
     #: (It counts there from its claim until then, so that the successes of a
     #: claimed batch wait for the tasks whose threads have not taken them up yet.)
     reported: bool = False
-    writing: bool = False  # its success is in a statement on its way
+    writing: bool = False  # its outcome is in a statement on its way
     #: Its success was handed over to be written with others'; the slot is freed once it is.
     handed_off: bool = False
     finished: bool = False  # the run is over; only its outcome is being written
-    completing: bool = False  # its success waits in, or is in, a batch being written
+    completing: bool = False  # its outcome waits in, or is in, a batch being written
     started: float = field(default_factory=time.monotonic)
     #: When the claim or the last renewal of its lease was sent (monotonic):
     #: the lease ends no sooner than one lease after this.
@@ -379,9 +379,9 @@ class Worker:
         error_backoff = 0.0
         while not self._stopping.is_set():
             with self._lock:
-                # Slots whose success waits for, or is in, a batch being
+                # Slots whose outcome waits for, or is in, a batch being
                 # written free up within a write from now.  (Not slots in
-                # hooks or recording a failure: those may take long.)
+                # hooks, or writing an outcome alone: those may take long.)
                 completing = any(slot.completing for slot in self._running.values())
                 writing = sum(1 for slot in self._running.values() if slot.writing)
                 free = self.concurrency - len(self._running)

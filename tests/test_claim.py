@@ -508,6 +508,9 @@ def test_fail_many_writes_each_failure_as_fail_writes_it_retried_or_failed_for_g
         failed_at,
     )
     assert final_row.run_at == task_row(engine, final[0]).run_at, "a failure for good keeps its run_at"
+    # Time moves on between the two writes, as it does for any real clock.
+    # (Without RETURNING the queue tells the rows it wrote by the times it
+    # wrote, so a second write in the same microsecond would count the first's.)
     clock.advance(TICK)
     assert queue.fail_many(together, errors) == set(), "a failure is written once"
 

@@ -443,14 +443,23 @@ def test_a_deadlock_victim_is_told_from_other_errors() -> None:
     assert not oracle_backend.lost_lock_race(Exception("ORA-00001: unique constraint (X.Y) violated"))
 
 
-def test_failures_written_together_free_their_slots(engine: sa.Engine, strategy_name: str) -> None:
+def test_failures_written_together_clear_and_free_their_slots(engine: sa.Engine, strategy_name: str) -> None:
     clock = MovableClock()
     queue = make_limited_queue(engine, strategy_name, timedelta(minutes=5), clock.now)
     try:
         enqueue(queue, engine, ["a"] * 4)
         held = queue.claim(limit=5)
         assert len(held) == LIMIT and queue.claim() == []
-        assert queue.fail_many(held, ["boom"] * LIMIT, retry=False) == {task.id for task in held}
+        assert all(task.concurrency_slot is not None for task in held)
+        # Both go back to the queue to be retried, each row leaving its slot behind.
+        assert queue.fail_many(held, ["boom"] * LIMIT) == {task.id for task in held}
+        ids = [task.id for task in held]
+        with engine.connect() as conn:
+            left = conn.execute(
+                sa.select(TABLE.c.status, TABLE.c.concurrency_slot).where(TABLE.c.id.in_(ids))
+            ).all()
+        assert sorted(left) == [(tq.TaskStatus.QUEUED, None)] * LIMIT, "no slot comes back with a later claim"
+        clock.advance(timedelta(minutes=1))  # past their retry delays
         again = queue.claim(limit=5)
         slots = sorted(task.concurrency_slot or 0 for task in held)
         assert sorted(task.concurrency_slot or 0 for task in again) == slots, "the failed tasks' slots"

@@ -234,7 +234,8 @@ class LeaseWrites:
             )
         count = len(tasks)
         backend = backend_for(engine.dialect)
-        returning = backend.update_returning
+        # As in `complete_many`: a lone failure's row count says if it was written.
+        returning = backend.update_returning and count > 1
         announce = backend.notify
         clears_slots = any("concurrency_slot" in row for row in values)
 
@@ -245,7 +246,7 @@ class LeaseWrites:
             return statement.returning(table.c.id) if returning else statement
 
         statement = self.executor.prepared(
-            ("fail_many", count, clears_slots, announce), engine.dialect, table, build
+            ("fail_many", count, clears_slots, announce, returning), engine.dialect, table, build
         )
         params: dict[str, Any] = {HELD_NOW: now}
         for index, (task, row) in enumerate(zip(tasks, values, strict=True)):
@@ -257,6 +258,8 @@ class LeaseWrites:
             told = ids_written(written, tasks, announced=announce, returning=returning)
             if told is not None:
                 return told
+            if count == 1:
+                return set()
             # Without RETURNING, and some rows not ours any more: the rows
             # written are those holding, under one of these claims, exactly
             # what this statement wrote to it: its status, and its finish
@@ -479,7 +482,7 @@ def fail_many_statement(table: Table, count: int, *, clears_slots: bool) -> Any:
     ids, as in `same_claim`.
     """
 
-    def row_by_row(name: str, *, keep_unless_given: bool) -> Any:
+    def row_by_row(name: str, *, keep_unless_given: bool = False, otherwise: Any = None) -> Any:
         column = table.c[name]
         whens = []
         for index in range(count):
@@ -487,13 +490,17 @@ def fail_many_statement(table: Table, count: int, *, clears_slots: bool) -> Any:
             if keep_unless_given:
                 value = func.coalesce(value, column)
             whens.append((table.c.id == bindparam(f"{HELD_ID}_{index}", type_=table.c.id.type), value))
-        return case(*whens, else_=column)
+        return case(*whens, else_=otherwise)
 
+    # Every row written is one of the batch's, so one WHEN always matches:
+    # the ELSE is never taken.  The error's is NULL rather than the column,
+    # as a result's is in `complete_many_statement`: Oracle keeps it in a
+    # CLOB, which its CASE will not mix with a text bind.
     values: dict[str, Any] = {
-        "status": row_by_row("status", keep_unless_given=False),
-        "last_error": row_by_row("last_error", keep_unless_given=False),
-        "run_at": row_by_row("run_at", keep_unless_given=True),
-        "finished_at": row_by_row("finished_at", keep_unless_given=True),
+        "status": row_by_row("status", otherwise=table.c.status),
+        "last_error": row_by_row("last_error"),
+        "run_at": row_by_row("run_at", keep_unless_given=True, otherwise=table.c.run_at),
+        "finished_at": row_by_row("finished_at", keep_unless_given=True, otherwise=table.c.finished_at),
         "locked_until": None,
     }
     if clears_slots:
