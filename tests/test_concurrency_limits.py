@@ -305,8 +305,14 @@ def test_the_plain_claim_runs_the_same_sql_with_limited_tasks_registered(
             sa.event.remove(engine, "before_cursor_execute", record)
         return seen
 
-    unlimited = make_limited_queue(engine, strategy_name, timedelta(minutes=5), limit=None)
-    limited = make_limited_queue(engine, strategy_name, timedelta(minutes=5))
+    # Time stands still and the paused queues, once read, are kept: the first
+    # claim's recovery and pause read are not run again by the second claim
+    # however slow the machine, so only the claim's own statements are seen.
+    clock = MovableClock()
+    unlimited = make_limited_queue(engine, strategy_name, timedelta(minutes=5), clock.now, limit=None)
+    limited = make_limited_queue(engine, strategy_name, timedelta(minutes=5), clock.now)
+    for queue in (unlimited, limited):
+        queue.paused.max_age = 3600.0
     try:
         assert statements_of_claim(limited) == statements_of_claim(unlimited)
     finally:
