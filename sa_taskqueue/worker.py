@@ -107,6 +107,7 @@ class _Running:
     #: the lease ends no sooner than one lease after this.
     renewed_at: float = field(default_factory=time.monotonic)
     lease_lost: bool = False  # no longer ours: another worker may run it
+    thread: threading.Thread | None = None  # the slot thread that took it up
     # Shutdown (giving back) and the task's thread (starting a child) decide
     # under this lock, so a task is never given back and then started.
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -223,6 +224,14 @@ class Worker:
             fail_one=self._record_failure,
         )
         self._database_down = False
+        #: A lone slot claims its next task on its own thread (see `_claim_here`):
+        #: set up by `run`, where the backend is known.
+        self._claims_in_slot = False
+        #: The lone slot, just freed, is claiming its next task itself: not free for the loop.
+        self._slot_claiming = False
+        #: Set by `_drain` once it has decided what to give back: a task the lone
+        #: slot claims after that is given back unstarted.
+        self._slots_closed = False
         self._event_loop = event_loop
         self._own_loop: LoopThread | None = None
         self._lease_seconds = self._heartbeat_seconds = self._arm_slack = 0.0
@@ -375,6 +384,11 @@ class Worker:
 
     def _loop(self, pool: SlotThreads[_Running]) -> None:
         claim_ahead = backend_for(self.queue.engine.dialect).claims_ahead
+        # One slot, and no claim sent during a write: the slot's thread claims
+        # its next task itself once its outcome is written, rather than wake
+        # this loop to claim it and hand it over, two thread switches a task.
+        self._claims_in_slot = self.concurrency == 1 and not claim_ahead
+        self._slots_closed = False
         idle_delay = MIN_POLL_INTERVAL
         error_backoff = 0.0
         while not self._stopping.is_set():
@@ -384,7 +398,7 @@ class Worker:
                 # hooks, or writing an outcome alone: those may take long.)
                 completing = any(slot.completing for slot in self._running.values())
                 writing = sum(1 for slot in self._running.values() if slot.writing)
-                free = self.concurrency - len(self._running)
+                free = self.concurrency - len(self._running) - self._slot_claiming
                 free_now = free
                 if claim_ahead:
                     # Claim for them already, so that their next tasks are
@@ -455,13 +469,65 @@ class Worker:
         self._wake.clear()
 
     def _take_up(self, slot: _Running) -> None:
-        """A slot's thread takes up its task."""
+        """A slot's thread takes up its task, and the lone slot's next ones as it claims them."""
+        next_slot: _Running | None = slot
+        while next_slot is not None:
+            slot = next_slot
+            slot.thread = threading.current_thread()
+            try:
+                self._execute(slot)
+            except BaseException as error:  # noqa: BLE001 - the thread serves the next slot all the same
+                logger.error("a task slot ended with an error: %r", error)
+                if not slot.handed_off:  # (else its write frees it)
+                    self._free(slot)
+            next_slot = self._claim_here()
+
+    def _claim_here(self) -> _Running | None:
+        """The lone slot, freed on this thread by its own write, claims its next task here.
+
+        None if it is not to (`_free` decides), or nothing was claimed: the
+        loop claims again then, as it does for any free slot.  A task claimed
+        once `_drain` has decided what to give back is given back unstarted.
+        """
+        with self._lock:
+            if not self._slot_claiming or self._stopping.is_set():
+                self._hand_claims_back()
+                return None
+        sent_at = time.monotonic()
         try:
-            self._execute(slot)
-        except BaseException as error:  # noqa: BLE001 - the thread serves the next slot all the same
-            logger.error("a task slot ended with an error: %r", error)
-            if not slot.handed_off:  # (else its write frees it)
-                self._free(slot)
+            claimed = self.queue.claim(
+                limit=1,
+                queues=self.queues,
+                worker_id=self.worker_id,
+                names=self.queue.task_names,
+                limited_recheck=LIMITED_RECHECK_SECONDS,
+            )
+        except Exception as error:  # noqa: BLE001 - the loop claims again, and reports an outage
+            logger.debug("the slot's own claim failed (%r): the worker's loop claims again", error)
+            claimed = []
+        if not claimed:
+            with self._lock:
+                self._hand_claims_back()
+            return None
+        slot = _Running(claimed[0], renewed_at=sent_at)
+        with self._lock:
+            self._slot_claiming = False
+            closed = self._slots_closed
+            if not closed:
+                self._arm_locked(extra=slot)  # before it can start: its lease runs from the claim
+                self._running[id(slot)] = slot
+        if closed:
+            self._give_back_unstarted(slot)
+            return None
+        self._database_back()
+        self._completions.begin(1)
+        return slot
+
+    def _hand_claims_back(self) -> None:
+        """The loop claims for the lone slot again (under ``_lock``)."""
+        if self._slot_claiming:
+            self._slot_claiming = False
+            self._wake.set()
 
     def _never_taken_up(self, slot: _Running) -> None:
         """No thread took the task up before the worker stopped."""
@@ -469,15 +535,29 @@ class Worker:
         self._free(slot)
 
     def _free(self, slot: _Running) -> None:
-        """The slot's task is done with, its outcome written: another may be claimed for it."""
+        """The slot's task is done with, its outcome written: another may be claimed for it.
+
+        Freed on its own thread, the lone slot claims its next task there
+        (`_claim_here`); the loop, not woken, goes on waiting.
+        """
         with self._lock:
             freed = self._running.pop(id(slot), None)
+            claims_here = (
+                freed is not None
+                and self._claims_in_slot
+                and slot.thread is threading.current_thread()
+                and not self._running
+                and not self._stopping.is_set()
+            )
+            if claims_here:
+                self._slot_claiming = True
             self._arm_locked()
         if freed is None:
             return
         if slot.task.concurrency_key is not None:
             self.queue.recheck_limited()  # its key has a free slot now
-        self._wake.set()
+        if not claims_here:
+            self._wake.set()
 
     def _notified(self, queue_name: str) -> None:
         if not queue_name or self.queues is None or queue_name in self.queues:
@@ -497,10 +577,11 @@ class Worker:
         given back: its success would then be refused, and it would run again.
         """
         deadline = time.monotonic() + self.shutdown_timeout
-        while self._running and time.monotonic() < deadline:
+        while (self._running or self._slot_claiming) and time.monotonic() < deadline:
             self._wake.wait(min(0.1, max(deadline - time.monotonic(), 0)))
             self._wake.clear()
         with self._lock:
+            self._slots_closed = True  # a claim the lone slot still waits for is given back
             # Decided under the lock _finished takes: a task is either given
             # back here or, finished first, has its outcome written.
             leftover = [slot for slot in self._running.values() if not slot.finished]

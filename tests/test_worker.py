@@ -401,6 +401,107 @@ def test_a_task_claimed_for_a_free_slot_runs_though_a_stop_comes_before_its_thre
     assert (worker.processed, worker.given_back) == (1, 0)
 
 
+def claims_on_threads(queue: tq.TaskQueue, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
+    """Each claim the queue makes from now on: the thread that sent it, and how many tasks it took."""
+    seen: list[tuple[str, int]] = []
+    real_claim = queue.claim
+
+    def claim(*args: object, **kwargs: object) -> list[tq.ClaimedTask]:
+        claimed = real_claim(*args, **kwargs)  # type: ignore[arg-type]
+        seen.append((threading.current_thread().name, len(claimed)))
+        return claimed
+
+    monkeypatch.setattr(queue, "claim", claim)
+    return seen
+
+
+@pytest.mark.backends("sqlite", "mysql", "mariadb")  # (PostgreSQL claims during the write instead)
+def test_a_lone_slot_claims_its_next_task_on_its_own_thread_once_its_success_is_written(
+    queue: tq.TaskQueue, engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with Session(engine) as session:
+        queue.enqueue_many(session, "record", [{"key": n} for n in range(10)])
+        session.commit()
+    claims = claims_on_threads(queue, monkeypatch)
+    started_on: list[str] = []
+    unwritten_at_start: list[int] = []
+
+    def on_start(task: tq.ClaimedTask) -> None:
+        started_on.append(threading.current_thread().name)
+        unwritten_at_start.append(sum(1 for t in rows(engine) if t.status == tq.TaskStatus.RUNNING) - 1)
+
+    worker = queue.run_worker(concurrency=1, burst=True, poll_interval=0.05, on_start=on_start)
+    assert (worker.processed, worker.failed) == (10, 0)
+    assert executions(engine) == dict.fromkeys(range(10), 1)
+    [slot_thread] = set(started_on)
+    assert unwritten_at_start == [0] * 10, "each task starts once the one before it is written"
+    taking = [thread for thread, count in claims if count]
+    assert taking[0] == threading.current_thread().name, "the first claim is the loop's"
+    assert taking[1:] == [slot_thread] * 9, "the rest are the slot's own"
+    assert all(count <= 1 for _, count in claims)
+
+
+@pytest.mark.backends("sqlite", "mysql", "mariadb")
+def test_a_task_the_lone_slot_claims_as_a_stop_comes_runs_and_nothing_more_is_claimed(
+    queue: tq.TaskQueue, engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with Session(engine) as session:
+        queue.enqueue_many(session, "record", [{"key": n} for n in range(5)])
+        session.commit()
+    worker = tq.Worker(queue, concurrency=1, burst=True, poll_interval=0.05)
+    real_claim = queue.claim
+    claims: list[int] = []
+
+    def claim_then_stop(*args: object, **kwargs: object) -> list[tq.ClaimedTask]:
+        # The stop arrives while the slot's own claim is on its way: what it
+        # claimed is running already, as any claim for a free slot is.
+        claimed = real_claim(*args, **kwargs)  # type: ignore[arg-type]
+        claims.append(len(claimed))
+        if threading.current_thread() is not threading.main_thread():
+            worker.stop()
+        return claimed
+
+    monkeypatch.setattr(queue, "claim", claim_then_stop)
+    worker.run()
+    assert claims == [1, 1], "the loop's claim, then the slot's, and none once stopped"
+    assert (worker.processed, worker.given_back, worker.abandoned) == (2, 0, 0)
+    assert executions(engine) == {0: 1, 1: 1}
+    assert sorted(t.status for t in rows(engine)).count(tq.TaskStatus.QUEUED) == 3
+
+
+@pytest.mark.backends("sqlite", "mysql", "mariadb")
+def test_a_task_the_lone_slot_claims_after_the_shutdown_timeout_is_given_back_and_never_starts(
+    queue: tq.TaskQueue, engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with Session(engine) as session:
+        first_id, second_id = (queue.enqueue(session, "record", {"key": n}).id for n in (1, 2))
+        session.commit()
+    worker = tq.Worker(queue, concurrency=1, burst=True, poll_interval=0.05, shutdown_timeout=0.2)
+    real_claim = queue.claim
+    claim_may_return = threading.Event()
+
+    def slow_slot_claim(*args: object, **kwargs: object) -> list[tq.ClaimedTask]:
+        # The slot's own claim takes the second task, then its reply is held
+        # until the worker has returned, its shutdown timeout long over.
+        claimed = real_claim(*args, **kwargs)  # type: ignore[arg-type]
+        if threading.current_thread() is not threading.main_thread():
+            worker.stop()
+            assert claim_may_return.wait(60)
+        return claimed
+
+    monkeypatch.setattr(queue, "claim", slow_slot_claim)
+    try:
+        worker.run()
+        assert task_row(engine, second_id).status == tq.TaskStatus.RUNNING, "claimed, its reply held"
+    finally:
+        claim_may_return.set()
+    wait_until(lambda: task_row(engine, second_id).status == tq.TaskStatus.QUEUED, 30, "the task given back")
+    assert task_row(engine, second_id).attempts == 0, "given back, the attempt not counted"
+    assert task_row(engine, first_id).status == tq.TaskStatus.COMPLETED
+    assert executions(engine) == {1: 1}, "the task given back never started"
+    assert worker._running == {}
+
+
 @pytest.mark.requires("claims_ahead")
 def test_of_one_claim_a_stop_starts_the_task_for_the_free_slot_and_gives_back_the_one_claimed_ahead(
     queue: tq.TaskQueue, engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
