@@ -224,8 +224,10 @@ class Worker:
             fail_one=self._record_failure,
         )
         self._database_down = False
-        #: A lone slot claims its next task on its own thread (see `_claim_here`):
-        #: set up by `run`, where the backend is known.
+        #: Whether the loop claims during writes, and whether a lone slot claims
+        #: its next task on its own thread (see `_claim_here`): set up by `run`,
+        #: where the backend is known.
+        self._claims_ahead = False
         self._claims_in_slot = False
         #: The lone slot, just freed, is claiming its next task itself: not free for the loop.
         self._slot_claiming = False
@@ -330,8 +332,9 @@ class Worker:
                 listener.interrupt()  # (rather than within its wait for a quiet second)
             with self._lock:
                 self._arm_locked(exact=True)  # the heartbeat, which would, has stopped
-                # Threads still busy: given back and running on, or stuck writing.
-                self.abandoned = len(self._running)
+                # Threads still busy: given back and running on, stuck writing,
+                # or the lone slot's, still waiting for its claim.
+                self.abandoned = len(self._running) + self._slot_claiming
             # Threads of tasks given back may still run; nothing waits for them.
             pool.shutdown()
             for thread in background:
@@ -383,7 +386,7 @@ class Worker:
     # The claim loop ----------------------------------------------------------
 
     def _loop(self, pool: SlotThreads[_Running]) -> None:
-        claim_ahead = backend_for(self.queue.engine.dialect).claims_ahead
+        claim_ahead = self._claims_ahead = backend_for(self.queue.engine.dialect).claims_ahead
         # One slot, and no claim sent during a write: the slot's thread claims
         # its next task itself once its outcome is written, rather than wake
         # this loop to claim it and hand it over, two thread switches a task.
@@ -490,7 +493,9 @@ class Worker:
         once `_drain` has decided what to give back is given back unstarted.
         """
         with self._lock:
-            if not self._slot_claiming or self._stopping.is_set():
+            # (Not once the main thread has ended either: the interpreter is
+            # exiting, and this non-daemon thread must not keep it running.)
+            if not self._slot_claiming or self._stopping.is_set() or not threading.main_thread().is_alive():
                 self._hand_claims_back()
                 return None
         sent_at = time.monotonic()
@@ -502,8 +507,11 @@ class Worker:
                 names=self.queue.task_names,
                 limited_recheck=LIMITED_RECHECK_SECONDS,
             )
-        except Exception as error:  # noqa: BLE001 - the loop claims again, and reports an outage
-            logger.debug("the slot's own claim failed (%r): the worker's loop claims again", error)
+        except DatabaseUnavailable as error:
+            logger.debug("the slot's own claim failed (%s): the worker's loop claims again", error)
+            claimed = []
+        except Exception:
+            logger.exception("the slot's own claim failed: the worker's loop claims again")
             claimed = []
         if not claimed:
             with self._lock:
@@ -957,7 +965,8 @@ class Worker:
             for slot in self._running.values():
                 if slot.task.id in ids and slot.completing:
                     slot.writing = True
-        self._wake.set()  # the loop may claim ahead for these slots, during the write
+        if self._claims_ahead:
+            self._wake.set()  # the loop may claim ahead for these slots, during the write
 
     def _all_landed(self, tasks: Sequence[ClaimedTask], written: set[int], *, completed: bool) -> set[int]:
         return written | {

@@ -493,6 +493,7 @@ def test_a_task_the_lone_slot_claims_after_the_shutdown_timeout_is_given_back_an
     try:
         worker.run()
         assert task_row(engine, second_id).status == tq.TaskStatus.RUNNING, "claimed, its reply held"
+        assert worker.abandoned == 1, "the slot's thread, still in its claim, is counted as busy"
     finally:
         claim_may_return.set()
     wait_until(lambda: task_row(engine, second_id).status == tq.TaskStatus.QUEUED, 30, "the task given back")
