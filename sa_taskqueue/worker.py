@@ -225,7 +225,7 @@ class Worker:
         )
         self._database_down = False
         #: Whether the loop claims during writes, and whether a lone slot claims
-        #: its next task on its own thread (see `_claim_here`): set up by `run`,
+        #: its next task on its own thread (see `_claim_here`): set up by `_loop`,
         #: where the backend is known.
         self._claims_ahead = False
         self._claims_in_slot = False
@@ -420,13 +420,7 @@ class Worker:
             self._wake.clear()
             sent_at = time.monotonic()
             try:
-                claimed = self.queue.claim(
-                    limit=free,
-                    queues=self.queues,
-                    worker_id=self.worker_id,
-                    names=self.queue.task_names,
-                    limited_recheck=LIMITED_RECHECK_SECONDS,
-                )
+                claimed = self._claim(free)
             except DatabaseUnavailable as error:
                 error_backoff = min(max(error_backoff * 2, 0.5), MAX_ERROR_BACKOFF)
                 self._database_trouble(error, error_backoff)
@@ -466,6 +460,16 @@ class Worker:
             logger.debug("nothing more due: next poll in %.2fs", delay)
             self._wait(delay)
 
+    def _claim(self, limit: int) -> list[ClaimedTask]:
+        """Claim up to ``limit`` due tasks of this worker's queues and registered names."""
+        return self.queue.claim(
+            limit=limit,
+            queues=self.queues,
+            worker_id=self.worker_id,
+            names=self.queue.task_names,
+            limited_recheck=LIMITED_RECHECK_SECONDS,
+        )
+
     def _wait(self, timeout: float | None) -> None:
         """Sleep until a slot frees, a notification arrives, a stop is asked for, or ``timeout``."""
         self._wake.wait(timeout)
@@ -500,13 +504,7 @@ class Worker:
                 return None
         sent_at = time.monotonic()
         try:
-            claimed = self.queue.claim(
-                limit=1,
-                queues=self.queues,
-                worker_id=self.worker_id,
-                names=self.queue.task_names,
-                limited_recheck=LIMITED_RECHECK_SECONDS,
-            )
+            claimed = self._claim(1)
         except DatabaseUnavailable as error:
             logger.debug("the slot's own claim failed (%s): the worker's loop claims again", error)
             claimed = []
