@@ -139,7 +139,9 @@ class Worker:
     statement (`sa_taskqueue.completions`); it never waits once none is left.
     Failures wait likewise, and go in a statement of their own.  0 writes
     each batch as soon as no write is under way.  Either way a slot is
-    freed, for another claim, only once its outcome is written.
+    freed, for another claim, only once its outcome is written.  Where the
+    worker claims ahead (PostgreSQL), slots freed while others still run
+    wait as long for them, then claim together.
 
     With ``watchdog`` (the default) a process of its own (`sa_taskqueue.watchdog`)
     kills this process and its task processes if the leases of running tasks
@@ -394,6 +396,7 @@ class Worker:
         self._slots_closed = False
         idle_delay = MIN_POLL_INTERVAL
         error_backoff = 0.0
+        gathering_since: float | None = None  # (monotonic) some slots free, waiting for the rest
         while not self._stopping.is_set():
             with self._lock:
                 # Slots whose outcome waits for, or is in, a batch being
@@ -417,6 +420,21 @@ class Worker:
                 # Claim for them once they free, in one claim with the rest.
                 self._wait(self.poll_interval)
                 continue
+            if claim_ahead and free < self.concurrency:
+                # Some slots are still running: wait a little for them to
+                # end too, so that they claim together.  Claimed apart, the
+                # slots of a batch whose last task ended late would go on
+                # claiming, and completing, in two statements each round.
+                # (Elsewhere the loop claims only once no outcome is being
+                # written, which keeps a batch together already.)
+                now = time.monotonic()
+                if gathering_since is None:
+                    gathering_since = now
+                left = gathering_since + self.completion_delay - now
+                if left > 0:
+                    self._wait(left)
+                    continue
+            gathering_since = None
             self._wake.clear()
             sent_at = time.monotonic()
             try:

@@ -556,6 +556,39 @@ def test_of_one_claim_a_stop_starts_the_task_for_the_free_slot_and_gives_back_th
 
 
 @pytest.mark.requires("claims_ahead")
+def test_a_slot_freed_while_another_of_its_batch_still_runs_waits_for_it_and_they_claim_together(
+    queue: tq.TaskQueue, engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # "long" and "quick" are claimed together; quick's success is written
+    # alone once the completion delay is over, long still running.  Its
+    # slot then waits, up to the delay again, for long's: the next two tasks
+    # come in one claim, not one claim for each slot.
+    long_may_end, _ = long_and_quick_tasks(queue)
+    with Session(engine) as session:
+        queue.enqueue(session, "long", {})
+        quick = queue.enqueue(session, "quick", {})
+        queue.enqueue_many(session, "quick", [{}, {}], priority=1)
+        session.commit()
+        quick_id = quick.id
+    claims = claims_on_threads(queue, monkeypatch)
+    worker = tq.Worker(queue, concurrency=2, burst=True, poll_interval=0.05, completion_delay=1.0)
+    runner = threading.Thread(target=worker.run)
+    runner.start()
+    try:
+        wait_until(
+            lambda: task_row(engine, quick_id).status == tq.TaskStatus.COMPLETED,
+            30,
+            "the quick task's success, written while the long task runs",
+        )
+    finally:
+        long_may_end.set()
+        runner.join(timeout=60)
+    assert not runner.is_alive()
+    assert worker.processed == 4
+    assert [size for _thread, size in claims if size] == [2, 2]
+
+
+@pytest.mark.requires("claims_ahead")
 def test_a_slot_whose_success_another_slot_writes_runs_a_task_claimed_ahead_meanwhile(
     queue: tq.TaskQueue, engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
