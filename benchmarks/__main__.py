@@ -30,7 +30,7 @@ from benchmarks.backends import BenchBackend, backend
 from benchmarks.batching import DELAYS, DRAIN_SLOTS, PROBE_SLOTS, WORKLOADS, beside_a_slow_task, timed_drain
 from benchmarks.controls import DRAINS, LIMIT, LIMITED_EVERY, PAUSED_TASKS, TASKS_PER_KEY, controls_drain
 from benchmarks.depth import claim_latencies, claim_plan
-from benchmarks.drain import DrainResult, drain
+from benchmarks.drain import DrainResult, drain, statements_used
 from benchmarks.enqueue import RAW_PATHS, enqueue_rate
 from benchmarks.failures import OUTCOMES, outcome_drain
 from benchmarks.latency import percentiles, pickup_latency
@@ -141,9 +141,14 @@ def new_table(title: str, columns: Iterable[str]) -> Table:
 
 
 def repeated_drains(
-    run_one: Callable[[str], DrainResult], implementations: Iterable[str], repeats: int
+    run_one: Callable[[str], DrainResult],
+    implementations: Iterable[str],
+    repeats: int,
+    sink: dict[str, list[DrainResult]] | None = None,
 ) -> tuple[dict[str, list[float]], bool]:
     """Each implementation's rate per repeat, and whether every run ran every task exactly once.
+
+    ``sink``, when given, gets every run's whole result, by implementation.
 
     The implementations take turns within a repeat, so a drift in the server
     over the run (autovacuum, cache warming) falls on all of them alike.
@@ -156,6 +161,8 @@ def repeated_drains(
             result = run_one(name)
             rates[name].append(result.rate)
             once = once and result.exactly_once
+            if sink is not None:
+                sink.setdefault(name, []).append(result)
     return rates, once
 
 
@@ -171,7 +178,9 @@ WORKER = "worker"
 
 def _drain_one(implementation: str, url: str, tasks: int, workers: int, batch: int) -> DrainResult:
     if implementation == WORKER:
-        return worker_drain("sa_taskqueue", url, tasks, workers, batch)
+        drained = worker_drain("sa_taskqueue", url, tasks, workers, batch)
+        drained.claims, drained.completions = statements_used(url)
+        return drained
     return drain(implementation, url, tasks, workers, batch)
 
 
@@ -182,11 +191,15 @@ def drain_row(run: Run, target: BenchBackend, w: int, b: int) -> dict[str, Any]:
     claimed batch in one: the limit of the pattern at B > 1.
     """
     names = (*PER_TASK, WORKER, *(BATCH_ONLY if b > 1 else ()))
+    results: dict[str, list[DrainResult]] = {}
     rates, once = repeated_drains(
         lambda implementation: _drain_one(implementation, target.url, run.args.tasks, w, b),
         names,
         run.args.repeats,
+        results,
     )
+    # The worker's claims and completion statements for each B tasks: 1 and 1 when no batch splits.
+    per_batch = b / run.args.tasks
     if b == 1:
         rates[QUEUE_BATCH], rates[RAW_BATCH] = rates["sa_taskqueue"], rates["raw"]
     median = {name: statistics.median(values) for name, values in rates.items()}
@@ -198,6 +211,9 @@ def drain_row(run: Run, target: BenchBackend, w: int, b: int) -> dict[str, Any]:
         "ratio": median["sa_taskqueue"] / median["raw"],
         "ratio_batch": median[QUEUE_BATCH] / median[RAW_BATCH],
         "ratio_worker": median[WORKER] / median[RAW_BATCH],
+        "worker_claims_per_batch": statistics.median(r.claims or 0 for r in results[WORKER]) * per_batch,
+        "worker_completions_per_batch": statistics.median(r.completions or 0 for r in results[WORKER])
+        * per_batch,
         "exactly_once": once,
     }
 
@@ -219,6 +235,7 @@ def drain_section(run: Run) -> dict[str, Any]:
             "ratio",
             "worker",
             "worker / raw per batch",
+            "worker's claims, completions a batch",
             "exactly once",
         ),
     )
@@ -240,6 +257,7 @@ def drain_section(run: Run) -> dict[str, Any]:
                     f"{row['ratio_batch']:.0%}",
                     fmt(row[WORKER]),
                     f"{row['ratio_worker']:.0%}",
+                    f"{row['worker_claims_per_batch']:.2f}, {row['worker_completions_per_batch']:.2f}",
                     yes_no(row["exactly_once"]),
                 )
     run.console.print(table)

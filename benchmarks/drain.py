@@ -129,6 +129,9 @@ class DrainResult:
     seconds: float
     tasks: int
     exactly_once: bool
+    #: Claims and completion statements that took and wrote the tasks, where counted (`statements_used`).
+    claims: int | None = None
+    completions: int | None = None
 
     @property
     def rate(self) -> float:
@@ -145,3 +148,35 @@ def drain(implementation: str, url: str, tasks: int, workers: int, batch: int) -
         tasks=len(run.done),
         exactly_once=len(run.done) == tasks and len(set(run.done)) == tasks,
     )
+
+
+def statements_used(url: str) -> tuple[int, int]:
+    """How many claims took the drained tasks, and how many statements completed them.
+
+    Read from the table after the drain, so nothing is counted while it
+    runs: a claim stamps each of its rows with its worker and one
+    ``started_at``, a completion statement with its worker and one
+    ``finished_at``.
+    """
+    import sa_taskqueue as tq
+
+    table = tq.Task.__table__
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            claims = conn.scalar(
+                sa.select(sa.func.count()).select_from(
+                    sa.select(table.c.locked_by, table.c.started_at).distinct().subquery()
+                )
+            )
+            completions = conn.scalar(
+                sa.select(sa.func.count()).select_from(
+                    sa.select(table.c.locked_by, table.c.finished_at)
+                    .where(table.c.finished_at.is_not(None))
+                    .distinct()
+                    .subquery()
+                )
+            )
+    finally:
+        engine.dispose()
+    return int(claims or 0), int(completions or 0)
