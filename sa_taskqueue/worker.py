@@ -108,6 +108,8 @@ class _Running:
     renewed_at: float = field(default_factory=time.monotonic)
     lease_lost: bool = False  # no longer ours: another worker may run it
     thread: threading.Thread | None = None  # the slot thread that took it up
+    #: Which of the worker's claims brought it (they count up from 1).
+    claim: int = 0
     # Shutdown (giving back) and the task's thread (starting a child) decide
     # under this lock, so a task is never given back and then started.
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -140,8 +142,9 @@ class Worker:
     Failures wait likewise, and go in a statement of their own.  0 writes
     each batch as soon as no write is under way.  Either way a slot is
     freed, for another claim, only once its outcome is written.  Where the
-    worker claims ahead (PostgreSQL), slots freed while others still run
-    wait as long for them, then claim together.
+    worker claims ahead (PostgreSQL), slots freed while tasks of their own
+    claim, or of a later one, still run wait as long for them, then claim
+    together.
 
     With ``watchdog`` (the default) a process of its own (`sa_taskqueue.watchdog`)
     kills this process and its task processes if the leases of running tasks
@@ -236,6 +239,9 @@ class Worker:
         #: Set by `_drain` once it has decided what to give back: a task the lone
         #: slot claims after that is given back unstarted.
         self._slots_closed = False
+        #: The claims the loop has sent, and the oldest claim of the slots freed since the last one.
+        self._claims_sent = 0
+        self._oldest_freed: int | None = None
         self._event_loop = event_loop
         self._own_loop: LoopThread | None = None
         self._lease_seconds = self._heartbeat_seconds = self._arm_slack = 0.0
@@ -398,6 +404,7 @@ class Worker:
         error_backoff = 0.0
         gathering_since: float | None = None  # (monotonic) some slots free, waiting for the rest
         while not self._stopping.is_set():
+            batch_running = False
             with self._lock:
                 # Slots whose outcome waits for, or is in, a batch being
                 # written free up within a write from now.  (Not slots in
@@ -413,20 +420,24 @@ class Worker:
                     # the slots, their leases running from the claim and
                     # renewed like any other.
                     free += writing
+                    batch_running = self._batch_still_running_locked()
             if free <= 0:
+                gathering_since = None
                 self._wait(None)
                 continue
             if completing and not claim_ahead:
                 # Claim for them once they free, in one claim with the rest.
                 self._wait(self.poll_interval)
                 continue
-            if claim_ahead and free < self.concurrency:
-                # Some slots are still running: wait a little for them to
-                # end too, so that they claim together.  Claimed apart, the
-                # slots of a batch whose last task ended late would go on
-                # claiming, and completing, in two statements each round.
-                # (Elsewhere the loop claims only once no outcome is being
-                # written, which keeps a batch together already.)
+            if claim_ahead and batch_running:
+                # Tasks of the same claim as the slots to claim for, or of a
+                # later one, still run (or wait for their write): wait a
+                # little for them to end too, so that their slots claim
+                # together.  Claimed apart, the slots of a batch whose last
+                # task ended late would go on claiming, and completing, in
+                # two statements each round.  (Not for a task of an older
+                # claim: a long task in one slot holds up no claim for the
+                # others.)
                 now = time.monotonic()
                 if gathering_since is None:
                     gathering_since = now
@@ -436,6 +447,10 @@ class Worker:
                     continue
             gathering_since = None
             self._wake.clear()
+            with self._lock:
+                self._claims_sent += 1
+                claim = self._claims_sent
+                self._oldest_freed = None  # (slots freed from now on are this claim's to wait for)
             sent_at = time.monotonic()
             try:
                 claimed = self._claim(free)
@@ -447,7 +462,7 @@ class Worker:
             error_backoff = 0.0
             self._database_back()
             slots = [
-                _Running(task, renewed_at=sent_at, claimed_ahead=index >= free_now)
+                _Running(task, renewed_at=sent_at, claimed_ahead=index >= free_now, claim=claim)
                 for index, task in enumerate(claimed)
             ]
             if slots:
@@ -477,6 +492,25 @@ class Worker:
             delay = idle_delay * random.uniform(0.8, 1.0)
             logger.debug("nothing more due: next poll in %.2fs", delay)
             self._wait(delay)
+
+    def _batch_still_running_locked(self) -> bool:
+        """Whether a task of a freed or writing slot's claim, or of a later claim, is yet to be written.
+
+        (Under ``_lock``.)  Where slots claim ahead, those tasks' slots are
+        the ones worth waiting for: still running, or their outcome waiting
+        for a write, they free within a task's run and a write of the
+        others.  Not a slot in a hook, its outcome written: it may take long.
+        """
+        oldest = self._oldest_freed
+        for slot in self._running.values():
+            if slot.writing and (oldest is None or slot.claim < oldest):
+                oldest = slot.claim
+        if oldest is None:
+            return False
+        return any(
+            slot.claim >= oldest and not slot.writing and (not slot.finished or slot.completing)
+            for slot in self._running.values()
+        )
 
     def _claim(self, limit: int) -> list[ClaimedTask]:
         """Claim up to ``limit`` due tasks of this worker's queues and registered names."""
@@ -566,6 +600,8 @@ class Worker:
         """
         with self._lock:
             freed = self._running.pop(id(slot), None)
+            if freed is not None and (self._oldest_freed is None or slot.claim < self._oldest_freed):
+                self._oldest_freed = slot.claim
             claims_here = (
                 freed is not None
                 and self._claims_in_slot

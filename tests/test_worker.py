@@ -560,32 +560,72 @@ def test_a_slot_freed_while_another_of_its_batch_still_runs_waits_for_it_and_the
     queue: tq.TaskQueue, engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # "long" and "quick" are claimed together; quick's success is written
-    # alone once the completion delay is over, long still running.  Its
-    # slot then waits, up to the delay again, for long's: the next two tasks
-    # come in one claim, not one claim for each slot.
+    # alone once the completion delay is over, long still running, and long
+    # ends as that write is sent.  Quick's slot waits, up to the delay again,
+    # for long's: the next two tasks come in one claim, not one claim for
+    # each slot.
     long_may_end, _ = long_and_quick_tasks(queue)
     with Session(engine) as session:
         queue.enqueue(session, "long", {})
-        quick = queue.enqueue(session, "quick", {})
+        queue.enqueue(session, "quick", {})
         queue.enqueue_many(session, "quick", [{}, {}], priority=1)
         session.commit()
-        quick_id = quick.id
     claims = claims_on_threads(queue, monkeypatch)
+    real_complete_many = queue.complete_many
+
+    def complete_many(claimed: list[tq.ClaimedTask], results: object = None) -> set[int]:
+        long_may_end.set()  # (its lone success goes first; long ends during its write)
+        return real_complete_many(claimed, results)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(queue, "complete_many", complete_many)
     worker = tq.Worker(queue, concurrency=2, burst=True, poll_interval=0.05, completion_delay=1.0)
     runner = threading.Thread(target=worker.run)
     runner.start()
-    try:
-        wait_until(
-            lambda: task_row(engine, quick_id).status == tq.TaskStatus.COMPLETED,
-            30,
-            "the quick task's success, written while the long task runs",
-        )
-    finally:
-        long_may_end.set()
-        runner.join(timeout=60)
+    runner.join(timeout=60)
+    long_may_end.set()
     assert not runner.is_alive()
     assert worker.processed == 4
     assert [size for _thread, size in claims if size] == [2, 2]
+
+
+@pytest.mark.requires("claims_ahead")
+def test_a_long_task_of_an_older_claim_holds_up_no_claim_for_the_other_slots(
+    queue: tq.TaskQueue, engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # "long" holds one slot; quick tasks pass through the other.  A quick
+    # success waits out the completion delay for long, as successes do; the
+    # next quick task is then claimed as that success is written, not after
+    # waiting a second delay for long, which came in an older claim.
+    long_may_end, _ = long_and_quick_tasks(queue)
+    with Session(engine) as session:
+        queue.enqueue(session, "long", {})
+        session.commit()
+    claims = claims_on_threads(queue, monkeypatch)
+    writing, write_may_go = hold_success_writes(queue, monkeypatch)
+    delay = 2.0
+    worker = tq.Worker(queue, concurrency=2, poll_interval=0.05, completion_delay=delay)
+    runner = threading.Thread(target=worker.run)
+    runner.start()
+    try:
+        wait_until(lambda: [s for _t, s in claims if s] == [1], 30, "long claimed alone")
+        with Session(engine) as session:
+            queue.enqueue_many(session, "quick", [{}, {}])
+            session.commit()
+        wait_until(lambda: [s for _t, s in claims if s] == [1, 1], 30, "the first quick task claimed")
+        assert writing.wait(30), "its success is being written, after the delay"
+        # Held in its write: the claim for its slot comes now, within half the
+        # delay that waiting for long would have cost first.
+        wait_until(
+            lambda: [s for _t, s in claims if s] == [1, 1, 1],
+            delay / 2,
+            "the second quick task, claimed during the write",
+        )
+    finally:
+        write_may_go.set()
+        long_may_end.set()
+        worker.stop()
+        runner.join(timeout=30)
+    assert not runner.is_alive()
 
 
 @pytest.mark.requires("claims_ahead")
