@@ -858,7 +858,8 @@ class TaskQueue:
             raise ValueError(f"results has {len(values)} entries for {len(tasks)} tasks")
         for task, result in zip(tasks, values, strict=True):
             _check_claimed(task)
-            validation.check_result(result, f"result of task {task.id}")
+            if result is not None:  # (its message is built only for a result to check)
+                validation.check_result(result, f"result of task {task.id}")
         if not tasks:
             return set()
         now = self.clock()

@@ -11,20 +11,11 @@ worker and every task process it registered, while their leases still hold.
 A worker that cannot prove it is alive is dead before another may claim its
 tasks.
 
-The watchdog is a separate interpreter (started with ``-I`` and only the
-standard library) so that nothing the worker does can stall it, and it runs
-in a session of its own, so that a signal sent to the worker's process group
-(a terminal's Ctrl+Z) does not stop it too.  It reads one line per message
-from a pipe:
-
-``deadline <t>``  kill unless told otherwise before monotonic time ``t``
-``disarm``        no task is running: nothing to enforce
-``child <pid>``   a task process to kill along with the worker
-``gone <pid>``    that task process has ended
-``exit``          the worker is stopping cleanly
-
-If the pipe closes without ``exit`` the worker died; the watchdog then kills
-the task processes it knows of and exits.
+The watchdog is a separate interpreter running `sa_taskqueue.watchdog_process`
+(started with ``-I -S``: the standard library only, so that nothing the worker
+does can stall it), in a session of its own, so that a signal sent to the
+worker's process group (a terminal's Ctrl+Z) does not stop it too.  That
+module says what it reads from the pipe.
 
 What no watchdog covers: a whole machine paused (a VM suspended) past the
 lease, and wall clocks of different machines disagreeing by more than
@@ -34,15 +25,14 @@ which is why deadlines are in it.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import select
-import signal
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
+
+from sa_taskqueue import watchdog_process
 
 #: The watchdog kills this long before a lease would end, or a quarter of the
 #: lease when that is shorter: time for the kill to land, and for clocks.
@@ -71,7 +61,7 @@ class Watchdog:
         os.set_blocking(self._write_end, False)
         try:
             self._process = subprocess.Popen(
-                [sys.executable, "-I", "-u", __file__, str(self.worker_pid)],
+                [sys.executable, "-I", "-S", "-u", watchdog_process.__file__, str(self.worker_pid)],
                 stdin=read_end,
                 start_new_session=True,
                 close_fds=True,
@@ -169,69 +159,3 @@ def register_child(fileno: int) -> None:
         os.write(fileno, f"child {os.getpid()}\n".encode())
     finally:
         os.close(fileno)
-
-
-# The watchdog process itself -----------------------------------------------------
-
-
-def _kill(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
-
-
-def _watch(worker_pid: int) -> int:
-    """Read the worker's messages until it exits, or kill it when its deadline passes."""
-    stdin = sys.stdin.fileno()
-    deadline: float | None = None
-    children: set[int] = set()
-    pending = b""
-    while True:
-        now = time.monotonic()
-        if deadline is not None and now >= deadline:
-            for child in children:
-                _kill(child)
-            _kill(worker_pid)
-            print(
-                f"sa_taskqueue watchdog: worker {worker_pid} did not renew its leases in time "
-                f"(blocked, stopped or cut off from the database); killed it and "
-                f"{len(children)} task process(es) before their leases end",
-                file=sys.stderr,
-            )
-            return 1
-        # Wake at the deadline, and now and then to notice a worker that died
-        # while a forked grandchild still held the pipe open.
-        timeout = 1.0 if deadline is None else min(1.0, max(deadline - now, 0.0))
-        readable, _, _ = select.select([stdin], [], [], timeout)
-        if not readable:
-            if os.getppid() != worker_pid:
-                break  # the worker is gone
-            continue
-        chunk = os.read(stdin, 65536)
-        if not chunk:
-            break  # the pipe closed without "exit": the worker died
-        pending += chunk
-        *lines, pending = pending.split(b"\n")
-        for raw in lines:
-            word, _, argument = raw.decode().partition(" ")
-            if word == "deadline":
-                deadline = float(argument)
-            elif word == "disarm":
-                deadline = None
-            elif word == "child":
-                children.add(int(argument))
-            elif word == "gone":
-                children.discard(int(argument))
-            elif word == "exit":
-                return 0
-    # The worker died: its task processes must not outlive it.
-    for child in children:
-        _kill(child)
-    return 0
-
-
-if __name__ == "__main__":
-    # Ctrl+C in the worker's terminal is the worker's to handle; the watchdog
-    # leaves only when told to, or when the worker is gone.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    sys.exit(_watch(int(sys.argv[1])))

@@ -616,7 +616,7 @@ class Worker:
             return
         if slot.task.concurrency_key is not None:
             self.queue.recheck_limited()  # its key has a free slot now
-        if not claims_here:
+        if not claims_here and not self._wake.is_set():
             self._wake.set()
 
     def _notified(self, queue_name: str) -> None:

@@ -352,3 +352,28 @@ def test_a_watchdog_armed_twice_kills_by_the_sooner_deadline(first: float, secon
         if process.poll() is None:
             process.kill()
             process.wait(30)
+
+
+WATCHDOG_IMPORTS = """
+import runpy, sys
+runpy.run_path(sys.argv[1], run_name="imported")  # its module code, not its loop
+unwanted = ("subprocess", "threading", "sqlalchemy", "sa_taskqueue")
+print(" ".join(name for name in unwanted if name in sys.modules))
+"""
+
+
+@pytest.mark.backends("sqlite")  # about the watchdog's process, not the database
+def test_the_watchdog_process_starts_on_the_few_standard_modules_it_uses() -> None:
+    # Every worker starts one, on cores the workers share: the worker's side
+    # of the watchdog (subprocess, threading) and the library stay out of it,
+    # and it runs as it is started, with no site-packages (-I -S).
+    from sa_taskqueue import watchdog_process
+
+    loaded = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", WATCHDOG_IMPORTS, watchdog_process.__file__],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert loaded.stdout.strip() == ""
