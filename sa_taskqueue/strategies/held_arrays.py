@@ -99,9 +99,8 @@ def held_claims(
         except (KeyError, TypeError):  # (TypeError: not a datetime, unhashable; refused below)
             start = check_start(started_at, dialect)
             if start is not None and start.tzinfo is None:
-                start = start.replace(
-                    tzinfo=UTC
-                )  # (a backend storing naive UTC got it back without its zone)
+                # (A backend storing naive UTC got it back without its zone.)
+                start = start.replace(tzinfo=UTC)
             start_text = start_texts[started_at] = (
                 start.astimezone(UTC).isoformat() if start is not None else None
             )
