@@ -14,7 +14,7 @@ the task processes it knows of and exits.
 Every worker starts one, so it imports no more than it uses: a few modules
 of the standard library, with no ``site`` (``-I -S``) to read site-packages'
 ``.pth`` files.  Started from the module that also holds the worker's side
-(`subprocess`, `threading`), it took about 24 ms of CPU to reach its loop;
+(`subprocess`, `threading`), it took about 24 ms of CPU to start and stop;
 this way about 14, on a machine whose cores the workers, and every worker's
 watchdog, share.
 """
