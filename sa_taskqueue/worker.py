@@ -420,7 +420,8 @@ class Worker:
                     # the slots, their leases running from the claim and
                     # renewed like any other.
                     free += writing
-                    batch_running = self._batch_still_running_locked()
+                    # (Read only where a claim would follow: with no slot free the loop just waits.)
+                    batch_running = free > 0 and self._batch_still_running_locked()
             if free <= 0:
                 gathering_since = None
                 self._wait(None)
