@@ -33,11 +33,12 @@ FULL_SUITE_SERIES = SQLALCHEMY_SERIES[-1]
 COMPILE_BYTECODE = {"UV_COMPILE_BYTECODE": "1"}
 
 
-#: What runs again through each asyncio driver on an AsyncEngine: the claim's exclusivity, the worker's
-#: runs, the races between worker processes, the async API itself and the wait for a result.  The rest
-#: of the suite tests what the engine kind does not change.
+#: What runs again through each asyncio driver on an AsyncEngine: the claim's exclusivity, a completion
+#: with the next claim, the worker's runs, the races between worker processes, the async API itself and
+#: the wait for a result.  The rest of the suite tests what the engine kind does not change.
 ASYNC_CONFORMANCE = [
     "tests/test_claim.py",
+    "tests/test_complete_and_claim.py",
     "tests/test_worker.py",
     "tests/test_processes.py",
     "tests/test_async_queue.py",

@@ -74,6 +74,8 @@ class Completions:
     Given ``fail_many`` and ``fail_one``, a failure may end a task too
     (``error=`` to `hand_off` or `record`), waiting and told as a success
     is; without them a task that fails ends with `end_without_success`.
+    ``after_write`` is called on the writing thread once each outcome of a
+    batch is written and told, whatever became of the write.
     """
 
     def __init__(
@@ -85,6 +87,7 @@ class Completions:
         clock: Callable[[], float] = time.monotonic,
         fail_many: FailMany | None = None,
         fail_one: FailOne | None = None,
+        after_write: Callable[[], None] | None = None,
     ) -> None:
         if not delay >= 0:
             raise ValueError(f"the completion delay must not be negative, got {delay!r}")
@@ -94,6 +97,7 @@ class Completions:
         self._write_one = write_one
         self._fail_many = fail_many
         self._fail_one = fail_one
+        self._after_write = after_write
         self._delay = delay
         self._clock = clock
         self._waiting: list[_Waiting] = []
@@ -238,12 +242,16 @@ class Completions:
                 self._changed.notify_all()
 
     def _write_batch(self, batch: list[_Waiting]) -> None:
-        successes = [item for item in batch if item.error is None]
-        if successes:
-            self._write_kind(successes, self._write_successes, self._write_success)
-        if len(successes) < len(batch):
-            failures = [item for item in batch if item.error is not None]
-            self._write_kind(failures, self._write_failures, self._write_failure)
+        try:
+            successes = [item for item in batch if item.error is None]
+            if successes:
+                self._write_kind(successes, self._write_successes, self._write_success)
+            if len(successes) < len(batch):
+                failures = [item for item in batch if item.error is not None]
+                self._write_kind(failures, self._write_failures, self._write_failure)
+        finally:
+            if self._after_write is not None:
+                self._after_write()  # (each told first: their slots are free by now)
 
     def _write_successes(self, batch: list[_Waiting]) -> set[int] | None:
         return self._write_many([item.task for item in batch], [item.result for item in batch])

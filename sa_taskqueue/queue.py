@@ -644,6 +644,64 @@ class TaskQueue:
         given, takes only tasks of those names (a worker passes the names it
         has functions for).
         """
+        planned = self._plan_claim(limit, queues, worker_id, names)
+        if planned is None:
+            return []
+        strategy, request, limited = planned
+        if limited is not None:
+            rows = self._claim_limited(strategy, request, limited, limited_recheck)
+        else:
+            with self._database_errors():
+                rows = self._bridge.call(lambda: strategy.claim(self.engine, self.table, request))
+        return self._claimed_tasks(rows)
+
+    def complete_many_and_claim(
+        self,
+        claimed: Sequence[ClaimedTask],
+        results: Sequence[Any] | None = None,
+        *,
+        limit: int = 1,
+        queues: Sequence[str] | None = None,
+        worker_id: str | None = None,
+        names: Sequence[str] | None = None,
+        limited_recheck: float = 0.0,
+    ) -> tuple[set[int], list[ClaimedTask]]:
+        """`complete_many`, then `claim`: the ids written, and the tasks claimed.
+
+        What a worker loop does once a batch is done; on PostgreSQL both go
+        in one statement (one round trip, one commit: either both happen or
+        neither does), elsewhere one after the other.  The arguments are
+        those of `complete_many` and `claim`; the completion is checked in
+        full before anything is sent, and if it raises nothing is claimed.
+        Tasks with a concurrency limit among the names are claimed by their
+        own transaction, after the completion.
+        """
+        tasks, values = self._checked_completions(claimed, results)
+        planned = self._plan_claim(limit, queues, worker_id, names)
+        if planned is None or planned[2] is not None:
+            # Nothing to claim, or limited tasks to claim first: each on its own.
+            written = self.complete_many(tasks, values)
+            return written, self.claim(
+                limit=limit, queues=queues, worker_id=worker_id, names=names, limited_recheck=limited_recheck
+            )
+        strategy, request, _limited = planned
+        with self._database_errors():
+            written, rows = self._bridge.call(
+                lambda: strategy.complete_and_claim(
+                    self.engine, self.table, tasks, values, request.now, request
+                )
+            )
+        return written, self._claimed_tasks(rows)
+
+    def _plan_claim(
+        self, limit: int, queues: Sequence[str] | None, worker_id: str | None, names: Sequence[str] | None
+    ) -> tuple[ClaimStrategy, ClaimRequest, Limits | None] | None:
+        """A claim's arguments checked, recovery run if due, paused queues read: its request.
+
+        None when there is nothing to claim (no queue or name asked for, or
+        every queue asked for paused).  With the limits of the limited names
+        among those asked for, if any.
+        """
         validation.check_positive_int("limit", limit)
         queue_names: tuple[str, ...] | None = None
         if queues is not None:
@@ -653,7 +711,7 @@ class TaskQueue:
             for queue_name in queue_names:
                 validation.check_queue_name(queue_name)
             if not queue_names:
-                return []
+                return None
         task_names: tuple[str, ...] | None = None
         if names is not None:
             if isinstance(names, str):
@@ -663,7 +721,7 @@ class TaskQueue:
                 if not isinstance(task_name, str):
                     raise TypeError(f"names must hold task names (strings), got {task_name!r}")
             if not task_names:
-                return []
+                return None
         strategy = self.strategy
         self._recover_if_due(strategy)
         paused = self._paused_now()
@@ -671,19 +729,14 @@ class TaskQueue:
         if paused and queue_names is not None:
             queue_names = tuple(name for name in queue_names if name not in paused)
             if not queue_names:
-                return []  # every queue asked for is paused: nothing to claim, no query
+                return None  # every queue asked for is paused: nothing to claim, no query
         elif paused:
             excluded = tuple(sorted(paused))
         worker = worker_id or self.default_worker_id()
-        limited = self._concurrency_limits(task_names)
-        if limited is not None:
-            rows = self._claim_limited(
-                strategy, limit, queue_names, worker, task_names, limited, excluded, limited_recheck
-            )
-        else:
-            request = self._request(limit, queue_names, worker, task_names, excluded)
-            with self._database_errors():
-                rows = self._bridge.call(lambda: strategy.claim(self.engine, self.table, request))
+        request = self._request(limit, queue_names, worker, task_names, excluded)
+        return strategy, request, self._concurrency_limits(task_names)
+
+    def _claimed_tasks(self, rows: list[dict[str, Any]]) -> list[ClaimedTask]:
         loads = json_loads(self.engine.dialect)
         return sorted((ClaimedTask.from_row(row, loads) for row in rows), key=lambda t: t.sort_key)
 
@@ -732,35 +785,27 @@ class TaskQueue:
         return Limits(limits, key_of)
 
     def _claim_limited(
-        self,
-        strategy: ClaimStrategy,
-        limit: int,
-        queues: tuple[str, ...] | None,
-        worker_id: str,
-        names: tuple[str, ...] | None,
-        limits: Limits,
-        paused: tuple[str, ...] | None,
-        recheck_after: float,
+        self, strategy: ClaimStrategy, request: ClaimRequest, limits: Limits, recheck_after: float
     ) -> list[dict[str, Any]]:
         # Limited names first, each into a slot of its key; the rest of the
         # limit goes to the plain claim of the other names, unchanged.  With
         # no names given, the plain claim takes the registered names only: a
         # row of a name unknown here could be a limited task of another release.
-        plain = tuple(name for name in (names or self.task_names) if name not in limits.limits)
+        plain = tuple(name for name in (request.names or self.task_names) if name not in limits.limits)
         rows: list[dict[str, Any]] = []
         if time.monotonic() >= self._limited_idle_until:
-            request = self._request(limit, queues, worker_id, limits.names, paused)
+            limited = replace(request, names=limits.names)
             with self._database_errors():
                 rows = self._bridge.call(
-                    lambda: strategy.claim_limited(self.engine, self.table, request, limits)
+                    lambda: strategy.claim_limited(self.engine, self.table, limited, limits)
                 )
             if not rows and recheck_after > 0:
                 # Nothing limited was due, or every due key was full: leave the
                 # limited claim out for a moment rather than pay its
                 # transaction on every claim of plain tasks meanwhile.
                 self._limited_idle_until = time.monotonic() + recheck_after
-        if plain and len(rows) < limit:
-            rest = self._request(limit - len(rows), queues, worker_id, plain, paused)
+        if plain and len(rows) < request.limit:
+            rest = replace(request, limit=request.limit - len(rows), names=plain)
             with self._database_errors():
                 rows += self._bridge.call(lambda: strategy.claim(self.engine, self.table, rest))
         return rows
@@ -852,14 +897,7 @@ class TaskQueue:
         is checked before anything is written.  A worker finishing tasks faster
         than one statement each can write them uses this.
         """
-        tasks = list(claimed)
-        values = [None] * len(tasks) if results is None else list(results)
-        if len(values) != len(tasks):
-            raise ValueError(f"results has {len(values)} entries for {len(tasks)} tasks")
-        for task, result in zip(tasks, values, strict=True):
-            _check_claimed(task)
-            if result is not None:  # (its message is built only for a result to check)
-                validation.check_result(result, f"result of task {task.id}")
+        tasks, values = self._checked_completions(claimed, results)
         if not tasks:
             return set()
         now = self.clock()
@@ -868,6 +906,21 @@ class TaskQueue:
             return self._bridge.call(
                 lambda: strategy.complete_many(self.engine, self.table, tasks, values, now)
             )
+
+    @staticmethod
+    def _checked_completions(
+        claimed: Sequence[ClaimedTask], results: Sequence[Any] | None
+    ) -> tuple[list[ClaimedTask], list[Any]]:
+        """``claimed`` and ``results`` (all None if omitted) as lists, each task and result checked."""
+        tasks = list(claimed)
+        values = [None] * len(tasks) if results is None else list(results)
+        if len(values) != len(tasks):
+            raise ValueError(f"results has {len(values)} entries for {len(tasks)} tasks")
+        for task, result in zip(tasks, values, strict=True):
+            _check_claimed(task)
+            if result is not None:  # (its message is built only for a result to check)
+                validation.check_result(result, f"result of task {task.id}")
+        return tasks, values
 
     def fail(self, claimed: ClaimedTask, error: BaseException | str, *, retry: bool = True) -> bool:
         """Record ``error``; retry later with backoff while attempts remain, else mark FAILED.

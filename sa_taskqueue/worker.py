@@ -227,6 +227,7 @@ class Worker:
             delay=completion_delay,
             fail_many=self._write_failures,
             fail_one=self._record_failure,
+            after_write=self._admit_claimed_with_write,
         )
         self._database_down = False
         #: Whether the loop claims during writes, and whether a lone slot claims
@@ -242,6 +243,17 @@ class Worker:
         #: The claims the loop has sent, and the oldest claim of the slots freed since the last one.
         self._claims_sent = 0
         self._oldest_freed: int | None = None
+        #: Whether a write of successes claims the next tasks in the same
+        #: statement (`_claim_with_write`): set up by `_loop`.
+        self._claims_with_writes = False
+        #: A claim is on its way: the loop's own, or one sent with a write of
+        #: successes.  Neither is sent while the other is, so that no more
+        #: tasks are claimed than there are slots for.
+        self._loop_claiming = False
+        self._write_claiming = False
+        #: What a write of successes claimed, given to slots once the slots it frees are free.
+        self._claimed_with_write: tuple[list[ClaimedTask], float, int, int] | None = None
+        self._pool: SlotThreads[_Running] | None = None
         self._event_loop = event_loop
         self._own_loop: LoopThread | None = None
         self._lease_seconds = self._heartbeat_seconds = self._arm_slack = 0.0
@@ -399,6 +411,18 @@ class Worker:
         # its next task itself once its outcome is written, rather than wake
         # this loop to claim it and hand it over, two thread switches a task.
         self._claims_in_slot = self.concurrency == 1 and not claim_ahead
+        # Where the database sends a completion and a claim in one statement,
+        # the write of a batch's successes claims for the slots it frees; the
+        # loop claims only for slots that free otherwise, and when idle.
+        # (Not with limited tasks to claim: their claim is a transaction of its own.)
+        self._claims_with_writes = self.queue.strategy.completes_and_claims_at_once(
+            self.queue.engine.dialect
+        ) and not any(
+            registered.options.concurrency is not None
+            for registered in map(self.queue.registered, self.queue.task_names)
+            if registered is not None
+        )
+        self._pool = pool
         self._slots_closed = False
         idle_delay = MIN_POLL_INTERVAL
         error_backoff = 0.0
@@ -422,6 +446,8 @@ class Worker:
                     free += writing
                     # (Read only where a claim would follow: with no slot free the loop just waits.)
                     batch_running = free > 0 and self._batch_still_running_locked()
+                if self._write_claiming:
+                    free = 0  # a write claims for every slot free or writing: it wakes this loop when done
             if free <= 0:
                 gathering_since = None
                 self._wait(None)
@@ -449,33 +475,27 @@ class Worker:
             gathering_since = None
             self._wake.clear()
             with self._lock:
-                self._claims_sent += 1
-                claim = self._claims_sent
-                self._oldest_freed = None  # (slots freed from now on are this claim's to wait for)
+                if self._write_claiming:
+                    continue  # (a write began claiming since the slots were counted)
+                self._loop_claiming = True
+                claim = self._next_claim_locked()
             sent_at = time.monotonic()
             try:
                 claimed = self._claim(free)
             except DatabaseUnavailable as error:
+                with self._lock:
+                    self._loop_claiming = False
                 error_backoff = min(max(error_backoff * 2, 0.5), MAX_ERROR_BACKOFF)
                 self._database_trouble(error, error_backoff)
                 self._stopping.wait(error_backoff)
                 continue
+            except BaseException:
+                with self._lock:
+                    self._loop_claiming = False
+                raise
             error_backoff = 0.0
             self._database_back()
-            slots = [
-                _Running(task, renewed_at=sent_at, claimed_ahead=index >= free_now, claim=claim)
-                for index, task in enumerate(claimed)
-            ]
-            if slots:
-                with self._lock:
-                    # Armed before a task can start: their leases run from the claim.
-                    self._arm_locked(extra=slots[0])
-                    for slot in slots:
-                        self._running[id(slot)] = slot
-                # Each ended by its success, or by _no_success; all before any can end.
-                self._completions.begin(len(slots))
-            for slot in slots:
-                pool.submit(slot)
+            self._admit(claimed, sent_at, claim, free_now)
             if len(claimed) == free:
                 idle_delay = MIN_POLL_INTERVAL
                 continue  # every slot taken: wait for one below, then claim again
@@ -522,6 +542,43 @@ class Worker:
             names=self.queue.task_names,
             limited_recheck=LIMITED_RECHECK_SECONDS,
         )
+
+    def _next_claim_locked(self) -> int:
+        """Number the claim about to be sent (under ``_lock``)."""
+        self._claims_sent += 1
+        self._oldest_freed = None  # (slots freed from now on are this claim's to wait for)
+        return self._claims_sent
+
+    def _admit(self, claimed: list[ClaimedTask], sent_at: float, claim: int, free_now: int) -> None:
+        """Give the tasks of claim number ``claim`` to slots, and end that claim.
+
+        The first ``free_now`` go to slots free at the claim; the rest were
+        claimed ahead for slots still writing.  Their leases run from
+        ``sent_at``, when the claim was sent.  Claimed once `_drain` has
+        decided what to give back, they are given back unstarted.
+        """
+        slots = [
+            _Running(task, renewed_at=sent_at, claimed_ahead=index >= free_now, claim=claim)
+            for index, task in enumerate(claimed)
+        ]
+        with self._lock:
+            self._loop_claiming = self._write_claiming = False
+            closed = self._slots_closed
+            if slots and not closed:
+                # Armed before a task can start: their leases run from the claim.
+                self._arm_locked(extra=slots[0])
+                for slot in slots:
+                    self._running[id(slot)] = slot
+        if closed:
+            for slot in slots:
+                self._give_back_unstarted(slot)
+            return
+        if slots:
+            # Each ended by its success, or by _no_success; all before any can end.
+            self._completions.begin(len(slots))
+        assert self._pool is not None  # (set by _loop before any claim)
+        for slot in slots:
+            self._pool.submit(slot)
 
     def _wait(self, timeout: float | None) -> None:
         """Sleep until a slot frees, a notification arrives, a stop is asked for, or ``timeout``."""
@@ -994,12 +1051,78 @@ class Worker:
         self._free(slot)
 
     def _write_successes(self, tasks: Sequence[ClaimedTask], results: Sequence[Any]) -> set[int] | None:
-        self._writing(tasks)
-        return self._through_outage(
-            lambda: self.queue.complete_many(tasks, results),
-            tasks,
-            partial(self._all_landed, tasks, completed=True),
-        )
+        claim = self._claim_with_write(tasks)
+        if claim is None:
+            self._writing(tasks)
+            return self._through_outage(
+                lambda: self.queue.complete_many(tasks, results),
+                tasks,
+                partial(self._all_landed, tasks, completed=True),
+            )
+        number, limit, free_now = claim
+        sent_at = time.monotonic()
+        claimed: list[ClaimedTask] = []
+
+        def complete_and_claim() -> set[int]:
+            written, claimed[:] = self.queue.complete_many_and_claim(
+                tasks,
+                results,
+                limit=limit,
+                queues=self.queues,
+                worker_id=self.worker_id,
+                names=self.queue.task_names,
+            )
+            return written
+
+        try:
+            return self._through_outage(
+                complete_and_claim, tasks, partial(self._all_landed, tasks, completed=True)
+            )
+        finally:
+            # Given to slots once this write's slots are freed (`_admit_claimed_with_write`).
+            self._claimed_with_write = (claimed, sent_at, number, free_now)
+
+    def _admit_claimed_with_write(self) -> None:
+        """After a batch is written and its slots freed: give what its write claimed to slots.
+
+        Admitted only now, the slot threads freed by the write take up the
+        new tasks at once, with the writing thread done with the old batch.
+        """
+        claimed = self._claimed_with_write
+        if claimed is None:
+            return
+        self._claimed_with_write = None
+        self._admit(*claimed)
+        self._wake.set()  # the loop claims for any slot this claim left free
+
+    def _claim_with_write(self, tasks: Sequence[ClaimedTask]) -> tuple[int, int, int] | None:
+        """Whether the write of ``tasks``' successes claims too: the claim's number, limit and slots free now.
+
+        It claims for the slots free now and for those it frees, unless the
+        loop is claiming already, the worker is stopping, other tasks of the
+        batch still run, or the database sends the two apart anyway.  None
+        if not: the loop claims then.
+        """
+        if not self._claims_with_writes:
+            return None
+        ids = {task.id for task in tasks}
+        with self._lock:
+            if self._loop_claiming or self._write_claiming or self._stopping.is_set() or self._database_down:
+                return None
+            freeing = 0
+            for slot in self._running.values():
+                if slot.task.id in ids and slot.completing:
+                    slot.writing = True
+                    freeing += 1
+            free_now = self.concurrency - len(self._running) - self._slot_claiming
+            if free_now + freeing <= 0 or self._batch_still_running_locked():
+                # (Tasks of its claim, or of a later one, still run: the loop
+                # waits for their slots too, and claims for all together.
+                # Claimed for these slots alone, the next batch would be as
+                # split as this one, and so on.)
+                return None
+            self._write_claiming = True
+            return self._next_claim_locked(), free_now + freeing, free_now
 
     def _write_failures(
         self, tasks: Sequence[ClaimedTask], errors: Sequence[BaseException | str]

@@ -33,6 +33,7 @@ from sa_taskqueue.backends import Backend as DatabaseBackend
 from sa_taskqueue.backends import backend_for
 from tests.app import ASYNC_DRIVER_VARIABLE, AppBase, make_engine, make_queue
 from tests.backends import ASYNC_DRIVERS, STRATEGIES, Backend, Unavailable, provision
+from tests.helpers import MovableClock
 from tests.link import Link
 
 BACKENDS = sorted(STRATEGIES)
@@ -193,6 +194,21 @@ def lease() -> timedelta:
 @pytest.fixture
 def queue(engine: sa.Engine, strategy_name: str, lease: timedelta) -> Iterator[tq.TaskQueue]:
     queue = make_queue(engine, strategy_name, lease)
+    yield queue
+    queue.close()
+
+
+@pytest.fixture
+def clock() -> MovableClock:
+    return MovableClock()
+
+
+@pytest.fixture
+def clocked_queue(
+    engine: sa.Engine, strategy_name: str, lease: timedelta, clock: MovableClock
+) -> Iterator[tq.TaskQueue]:
+    """The test application's queue on ``clock``: time passes for it only when the test moves the clock."""
+    queue = make_queue(engine, strategy_name, lease, clock.now)
     yield queue
     queue.close()
 

@@ -144,6 +144,26 @@ class StreamLines:
         return "".join(self.lines)
 
 
+@contextlib.contextmanager
+def statements_sent(queue: tq.TaskQueue, kept: Callable[[str], bool]) -> Iterator[list[str]]:
+    """What ``queue`` sends meanwhile for which ``kept(sql)`` holds, as SQLAlchemy's events see it.
+
+    (On the queue's own engine: under an asyncio driver, the AsyncEngine's sync core.)
+    """
+    seen: list[str] = []
+
+    def sent(_conn: object, _cursor: object, statement: str, *_rest: object) -> None:
+        if kept(statement):
+            seen.append(statement)
+
+    queue_engine = getattr(queue.engine, "sync_engine", queue.engine)
+    sa.event.listen(queue_engine, "before_cursor_execute", sent)
+    try:
+        yield seen
+    finally:
+        sa.event.remove(queue_engine, "before_cursor_execute", sent)
+
+
 def task_rows(engine: sa.Engine) -> list[tq.Task]:
     with Session(engine) as session:
         rows = list(session.scalars(sa.select(tq.Task).order_by(tq.Task.id)))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import pickle
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -21,21 +20,6 @@ from tests.helpers import enqueue_records as enqueue
 
 #: The smallest step a stored time takes.
 TICK = timedelta(microseconds=1)
-
-
-@pytest.fixture
-def clock() -> MovableClock:
-    return MovableClock()
-
-
-@pytest.fixture
-def clocked_queue(
-    engine: sa.Engine, strategy_name: str, lease: timedelta, clock: MovableClock
-) -> Iterator[tq.TaskQueue]:
-    """The test application's queue on ``clock``: time passes for it only when the test moves the clock."""
-    queue = make_queue(engine, strategy_name, lease, clock.now)
-    yield queue
-    queue.close()
 
 
 def let_the_claim_go(queue: tq.TaskQueue, clock: MovableClock, strategy_name: str, lease: timedelta) -> None:

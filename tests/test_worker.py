@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -15,7 +16,8 @@ from sqlalchemy.orm import Session
 import sa_taskqueue as tq
 from sa_taskqueue import worker as worker_module
 from tests.app import executions, make_queue
-from tests.helpers import MovableClock, task_row, wait_until
+from tests.backends import Backend
+from tests.helpers import MovableClock, statements_sent, task_row, wait_until
 from tests.helpers import task_rows as rows
 
 
@@ -45,25 +47,9 @@ def enqueue_tasks_finishing_together(queue: tq.TaskQueue, engine: sa.Engine, cou
         session.commit()
 
 
-@contextmanager
-def completion_statements(queue: tq.TaskQueue) -> Iterator[list[str]]:
-    """The completions the queue sends meanwhile, as SQLAlchemy's events see them on the queue's own engine.
-
-    (Under an asyncio driver, the AsyncEngine's sync core; on PostgreSQL the
-    UPDATE is inside a WITH that announces the finished ids.)
-    """
-    seen: list[str] = []
-
-    def completion(_conn: object, _cursor: object, statement: str, *_rest: object) -> None:
-        if "UPDATE" in statement.upper() and "finished_at" in statement:
-            seen.append(statement)
-
-    queue_engine = getattr(queue.engine, "sync_engine", queue.engine)
-    sa.event.listen(queue_engine, "before_cursor_execute", completion)
-    try:
-        yield seen
-    finally:
-        sa.event.remove(queue_engine, "before_cursor_execute", completion)
+def completion_statements(queue: tq.TaskQueue) -> AbstractContextManager[list[str]]:
+    """The completions the queue sends meanwhile (on PostgreSQL, UPDATEs in a WITH announcing the ids)."""
+    return statements_sent(queue, lambda sql: "UPDATE" in sql.upper() and "finished_at" in sql)
 
 
 def test_tasks_finishing_together_are_recorded_in_fewer_statements_each_before_its_slot_frees(
@@ -281,6 +267,16 @@ def test_a_success_waits_for_a_slot_still_running_and_they_go_in_one_statement(
         assert len(completions) == 1, completions
 
 
+def claims_from_the_loop_only(queue: tq.TaskQueue, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No write of successes claims too: the worker's loop claims for every slot, ahead of writes if it can.
+
+    (On PostgreSQL with skip_locked a write of a whole batch's successes
+    claims the next batch in the same statement; the loop's claims ahead
+    are for the writes that do not.)
+    """
+    monkeypatch.setattr(queue.strategy, "completes_and_claims_at_once", lambda _dialect: False)
+
+
 def hold_success_writes(
     queue: tq.TaskQueue, monkeypatch: pytest.MonkeyPatch
 ) -> tuple[threading.Event, threading.Event]:
@@ -301,6 +297,7 @@ def hold_success_writes(
 def test_a_task_claimed_ahead_is_given_back_unstarted_when_the_worker_stops(
     queue: tq.TaskQueue, engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    claims_from_the_loop_only(queue, monkeypatch)
     writing, write_may_go = hold_success_writes(queue, monkeypatch)
     with Session(engine) as session:
         first = queue.enqueue(session, "record", {"key": 1}, priority=0)
@@ -338,6 +335,7 @@ def test_a_task_claimed_ahead_and_still_waiting_at_the_shutdown_timeout_is_given
     # The write of the first task's success outlasts the stop altogether, so
     # the worker returns while the slot's thread is still in it, with the task
     # claimed ahead still waiting for that thread.
+    claims_from_the_loop_only(queue, monkeypatch)
     monkeypatch.setattr(worker_module, "CLOSE_TIMEOUT", 0.2)
     writing, write_may_go = hold_success_writes(queue, monkeypatch)
     with Session(engine) as session:
@@ -507,6 +505,7 @@ def test_a_task_the_lone_slot_claims_after_the_shutdown_timeout_is_given_back_an
 def test_of_one_claim_a_stop_starts_the_task_for_the_free_slot_and_gives_back_the_one_claimed_ahead(
     queue: tq.TaskQueue, engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    claims_from_the_loop_only(queue, monkeypatch)
     writing, write_may_go = hold_success_writes(queue, monkeypatch)
     with Session(engine) as session:
         queue.enqueue(session, "record", {"key": 1})
@@ -564,6 +563,7 @@ def test_a_slot_freed_while_another_of_its_batch_still_runs_waits_for_it_and_the
     # ends as that write is sent.  Quick's slot waits, up to the delay again,
     # for long's: the next two tasks come in one claim, not one claim for
     # each slot.
+    claims_from_the_loop_only(queue, monkeypatch)
     long_may_end, _ = long_and_quick_tasks(queue)
     with Session(engine) as session:
         queue.enqueue(session, "long", {})
@@ -596,6 +596,7 @@ def test_a_long_task_of_an_older_claim_holds_up_no_claim_for_the_other_slots(
     # success waits out the completion delay for long, as successes do; the
     # next quick task is then claimed as that success is written, not after
     # waiting a second delay for long, which came in an older claim.
+    claims_from_the_loop_only(queue, monkeypatch)
     long_may_end, _ = long_and_quick_tasks(queue)
     with Session(engine) as session:
         queue.enqueue(session, "long", {})
@@ -632,6 +633,7 @@ def test_a_long_task_of_an_older_claim_holds_up_no_claim_for_the_other_slots(
 def test_a_slot_whose_success_another_slot_writes_runs_a_task_claimed_ahead_meanwhile(
     queue: tq.TaskQueue, engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    claims_from_the_loop_only(queue, monkeypatch)
     writing, write_may_go = hold_success_writes(queue, monkeypatch)
     with Session(engine) as session:
         batch = queue.enqueue_many(session, "record", [{"key": 1}, {"key": 2}])
@@ -659,6 +661,93 @@ def test_a_slot_whose_success_another_slot_writes_runs_a_task_claimed_ahead_mean
     assert not runner.is_alive()
     assert executions(engine) == {1: 1, 2: 1, 3: 1}
     assert (worker.processed, worker.given_back) == (3, 0)
+
+
+def statements_completing_and_claiming(queue: tq.TaskQueue) -> AbstractContextManager[list[str]]:
+    """The statements the queue sends meanwhile that complete tasks and claim others at once."""
+    return statements_sent(queue, lambda sql: "finished_rows" in sql and "claimable" in sql)
+
+
+def test_on_postgresql_the_write_of_a_batch_claims_the_next_batch_in_the_same_statement(
+    queue: tq.TaskQueue, engine: sa.Engine, backend: Backend, strategy_name: str
+) -> None:
+    with Session(engine) as session:
+        queue.enqueue_many(session, "record", [{"key": n} for n in range(30)])
+        session.commit()
+    with statements_completing_and_claiming(queue) as both:
+        worker = queue.run_worker(concurrency=3, burst=True, poll_interval=0.05)
+    assert (worker.processed, worker.failed) == (30, 0)
+    assert executions(engine) == dict.fromkeys(range(30), 1)
+    assert {(t.status, t.attempts) for t in rows(engine)} == {(tq.TaskStatus.COMPLETED, 1)}
+    if backend.is_postgres and strategy_name == "skip_locked":
+        assert both, "no write of successes claimed the next tasks"
+    else:
+        assert both == [], "completions and claims go apart here"
+
+
+@pytest.mark.backends("postgres")
+def test_a_task_claimed_with_a_write_is_given_back_unstarted_when_the_worker_stops(
+    engine: sa.Engine, lease: timedelta, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    queue = make_queue(engine, "skip_locked", lease)
+    with Session(engine) as session:
+        first_id = queue.enqueue(session, "record", {"key": 1}, priority=0).id
+        second_id = queue.enqueue(session, "record", {"key": 2}, priority=1).id
+        session.commit()
+    claimed_with_write, write_may_return = threading.Event(), threading.Event()
+    real_write = queue.complete_many_and_claim
+
+    def held_once_sent(claimed: list[tq.ClaimedTask], results: object = None, **claim: object) -> object:
+        outcome = real_write(claimed, results, **claim)  # type: ignore[arg-type]
+        claimed_with_write.set()
+        write_may_return.wait(60)
+        return outcome
+
+    monkeypatch.setattr(queue, "complete_many_and_claim", held_once_sent)
+    # One slot, and a success hook: the slot's thread waits for its write,
+    # and the task that write claimed waits for the thread.
+    worker = tq.Worker(queue, concurrency=1, poll_interval=0.05, on_success=lambda _task, _result: None)
+    runner = threading.Thread(target=worker.run)
+    runner.start()
+    try:
+        assert claimed_with_write.wait(30), "the first task's success was written with a claim"
+        assert task_row(engine, first_id).status == tq.TaskStatus.COMPLETED
+        assert task_row(engine, second_id).status == tq.TaskStatus.RUNNING, "claimed by the same statement"
+        worker.stop()
+    finally:
+        write_may_return.set()
+        runner.join(timeout=60)
+        queue.close()
+    assert not runner.is_alive()
+    second_row = task_row(engine, second_id)
+    assert (second_row.status, second_row.attempts) == (tq.TaskStatus.QUEUED, 0), "given back at once"
+    assert executions(engine) == {1: 1}, "the task claimed with the write never started"
+    assert worker.given_back == 1
+
+
+@pytest.mark.backends("postgres")
+def test_a_result_the_database_refuses_fails_its_task_and_claims_nothing_with_the_others(
+    queue: tq.TaskQueue, engine: sa.Engine
+) -> None:
+    # JSON holds a NUL character; PostgreSQL's jsonb refuses it, so the
+    # batch's write fails at the database, and any claim sent with it is
+    # rolled back with it: the tasks it would have claimed are claimed again.
+    @queue.task(name="nul_result", max_attempts=1)
+    def nul_result() -> str:
+        return "a\x00b"
+
+    with Session(engine) as session:
+        queue.enqueue(session, "nul_result", priority=0)
+        queue.enqueue_many(session, "record", [{"key": n} for n in range(6)], priority=1)
+        session.commit()
+    worker = queue.run_worker(concurrency=2, burst=True, poll_interval=0.05, completion_delay=600)
+    assert executions(engine) == dict.fromkeys(range(6), 1)
+    by_status: dict[tq.TaskStatus, list[str]] = {}
+    for task in rows(engine):
+        by_status.setdefault(task.status, []).append(task.name)
+        assert task.attempts == 1
+    assert by_status == {tq.TaskStatus.FAILED: ["nul_result"], tq.TaskStatus.COMPLETED: ["record"] * 6}
+    assert worker.processed + worker.failed == 7
 
 
 def test_at_the_shutdown_timeout_a_finished_task_is_completed_and_only_the_running_one_given_back(
@@ -701,16 +790,20 @@ def test_a_batch_write_that_fails_falls_back_to_one_write_per_task(
 ) -> None:
     slots = 3
     enqueue_tasks_finishing_together(queue, engine, slots)
-    real_complete_many = queue.complete_many
     calls: list[int] = []
 
-    def fails_once(claimed: list[tq.ClaimedTask], results: object = None) -> set[int]:
-        calls.append(len(claimed))
-        if len(calls) == 1:
-            raise RuntimeError("injected: the first batch write fails")
-        return real_complete_many(claimed, results)  # type: ignore[arg-type]
+    def fails_once(write: Any) -> Any:
+        # Whichever the worker sends: the successes alone, or with its next claim.
+        def first_fails(claimed: list[tq.ClaimedTask], results: object = None, **claim: object) -> object:
+            calls.append(len(claimed))
+            if len(calls) == 1:
+                raise RuntimeError("injected: the first batch write fails")
+            return write(claimed, results, **claim)
 
-    monkeypatch.setattr(queue, "complete_many", fails_once)
+        return first_fails
+
+    monkeypatch.setattr(queue, "complete_many", fails_once(queue.complete_many))
+    monkeypatch.setattr(queue, "complete_many_and_claim", fails_once(queue.complete_many_and_claim))
     done: list[tq.Worker] = []
     runner = threading.Thread(
         target=lambda: done.append(queue.run_worker(concurrency=slots, burst=True, poll_interval=0.05))

@@ -10,12 +10,14 @@ of the engine's backend (`sa_taskqueue.backends`), never of a dialect name.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from datetime import timedelta
+from collections.abc import Sequence
+from datetime import datetime, timedelta
 from typing import Any, ClassVar
 
 from sqlalchemy import Engine, Select, Table
 from sqlalchemy.engine import Dialect
 
+from sa_taskqueue.claimed import ClaimedTask
 from sa_taskqueue.executor import StatementExecutor
 from sa_taskqueue.strategies.claiming import ClaimRequest, due_select, limit_param
 from sa_taskqueue.strategies.lease import LeaseWrites
@@ -82,6 +84,33 @@ class ClaimStrategy(LeaseWrites, ABC):
         column's JSON text (`read_back`, `whole_row`), for `ClaimedTask.from_row`
         to decode row by row: one malformed row must not fail the whole claim.
         """
+
+    def completes_and_claims_at_once(self, dialect: Dialect) -> bool:
+        """Whether `complete_and_claim` is one statement on ``dialect`` (else `complete_many`, then `claim`).
+
+        A worker that knows its next claim will follow each completion
+        sends the two together where this is true.
+        """
+        return False
+
+    def complete_and_claim(
+        self,
+        engine: Engine,
+        table: Table,
+        tasks: Sequence[ClaimedTask],
+        results: Sequence[Any],
+        now: datetime,
+        request: ClaimRequest,
+    ) -> tuple[set[int], list[dict[str, Any]]]:
+        """`complete_many` for ``tasks``, then `claim` for ``request``: the ids written, and the rows claimed.
+
+        Here two statements, each committed on its own; a strategy that can
+        send both in one (`completes_and_claims_at_once`) does, and then
+        either both commit or neither does.  Here too a completion that
+        raises claims nothing.
+        """
+        written = self.complete_many(engine, table, tasks, results, now) if tasks else set()
+        return written, self.claim(engine, table, request)
 
     def claim_limited(
         self, engine: Engine, table: Table, request: ClaimRequest, limits: Limits

@@ -11,8 +11,9 @@ it takes one of three shapes, chosen by what the backend can do.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection, Engine, Select, Table, bindparam, select, update
@@ -20,7 +21,9 @@ from sqlalchemy.engine import Dialect
 
 from sa_taskqueue.backends import backend_for
 from sa_taskqueue.backends.oracle import FETCH_ROWS_OPTION
+from sa_taskqueue.claimed import ClaimedTask
 from sa_taskqueue.exceptions import StrategyError
+from sa_taskqueue.finished import announced_ids
 from sa_taskqueue.strategies.base import ClaimStrategy
 from sa_taskqueue.strategies.claiming import (
     ClaimRequest,
@@ -32,6 +35,9 @@ from sa_taskqueue.strategies.claiming import (
     read_back,
     whole_row,
 )
+from sa_taskqueue.strategies.complete_and_claim import FINISHED_IDS, complete_and_claim_statement
+from sa_taskqueue.strategies.held_arrays import held_claims
+from sa_taskqueue.strategies.lease import COMPLETE_MANY_CHUNK, HELD_NOW
 from sa_taskqueue.strategies.limited import candidate_window
 
 
@@ -104,6 +110,47 @@ class SkipLockedStrategy(ClaimStrategy):
         )
         with self.executor.single_statement(engine) as conn:
             return [claimed_row(row, request) for row in claim.rows(conn, request.params())]
+
+    # A completion and the next claim in one statement (PostgreSQL) -------------------
+
+    def completes_and_claims_at_once(self, dialect: Dialect) -> bool:
+        backend = backend_for(dialect)
+        return backend.update_from_locked_cte and backend.completes_from_arrays and backend.notify
+
+    def complete_and_claim(
+        self,
+        engine: Engine,
+        table: Table,
+        tasks: Sequence[ClaimedTask],
+        results: Sequence[Any],
+        now: datetime,
+        request: ClaimRequest,
+    ) -> tuple[set[int], list[dict[str, Any]]]:
+        """Both in one statement (`complete_and_claim_statement`) where the backend can; else two."""
+        at_once = self.completes_and_claims_at_once(engine.dialect)
+        if not tasks or len(tasks) > COMPLETE_MANY_CHUNK or not at_once:
+            return super().complete_and_claim(engine, table, tasks, results, now, request)
+        statement = self.executor.prepared(
+            ("complete_and_claim", request.shape),
+            engine.dialect,
+            table,
+            lambda: complete_and_claim_statement(table, self.one_statement_claim(table, request), HELD_NOW),
+        )
+        params = {
+            **request.params(),
+            HELD_NOW: now,
+            "finished_now": now,
+            **held_claims([task.claim_key for task in tasks], list(results), engine.dialect),
+        }
+        with self.executor.single_statement(engine) as conn:
+            rows = statement.rows(conn, params)
+        written = announced_ids(rows[0][FINISHED_IDS])
+        claimed = []
+        for row in rows:
+            del row[FINISHED_IDS]
+            if row["id"] is not None:  # (else the one row of a claim that found nothing)
+                claimed.append(claimed_row(row, request))
+        return written, claimed
 
     # Lock, then update (MySQL and MariaDB) ---------------------------------------
 
