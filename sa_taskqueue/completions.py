@@ -251,7 +251,10 @@ class Completions:
                 self._write_kind(failures, self._write_failures, self._write_failure)
         finally:
             if self._after_write is not None:
-                self._after_write()  # (each told first: their slots are free by now)
+                try:
+                    self._after_write()  # (each told first: their slots are free by now)
+                except Exception:
+                    logger.exception("handling a written batch failed")
 
     def _write_successes(self, batch: list[_Waiting]) -> set[int] | None:
         return self._write_many([item.task for item in batch], [item.result for item in batch])

@@ -437,6 +437,7 @@ class Worker:
                 writing = sum(1 for slot in self._running.values() if slot.writing)
                 free = self.concurrency - len(self._running) - self._slot_claiming
                 free_now = free
+                counted_at = self._claims_sent  # (a claim numbered since makes this count stale)
                 if claim_ahead:
                     # Claim for them already, so that their next tasks are
                     # here when they free, the claim's round trip spent
@@ -475,8 +476,8 @@ class Worker:
             gathering_since = None
             self._wake.clear()
             with self._lock:
-                if self._write_claiming:
-                    continue  # (a write began claiming since the slots were counted)
+                if self._write_claiming or self._claims_sent != counted_at:
+                    continue  # (a write claimed since the slots were counted: count them again)
                 self._loop_claiming = True
                 claim = self._next_claim_locked()
             sent_at = time.monotonic()
@@ -499,8 +500,12 @@ class Worker:
             if len(claimed) == free:
                 idle_delay = MIN_POLL_INTERVAL
                 continue  # every slot taken: wait for one below, then claim again
-            if not claimed and not self._running and self.burst:
-                return
+            if not claimed and self.burst:
+                with self._lock:
+                    # (Nor a write's claim on its way: its tasks would be given back.)
+                    idle = not self._running and not self._write_claiming
+                if idle:
+                    return
             if not claimed:
                 with self._lock:
                     if not self._running:
@@ -1060,10 +1065,11 @@ class Worker:
                 partial(self._all_landed, tasks, completed=True),
             )
         number, limit, free_now = claim
-        sent_at = time.monotonic()
+        sent_at = [time.monotonic()]
         claimed: list[ClaimedTask] = []
 
         def complete_and_claim() -> set[int]:
+            sent_at[0] = time.monotonic()  # (each try through an outage claims afresh)
             written, claimed[:] = self.queue.complete_many_and_claim(
                 tasks,
                 results,
@@ -1080,7 +1086,7 @@ class Worker:
             )
         finally:
             # Given to slots once this write's slots are freed (`_admit_claimed_with_write`).
-            self._claimed_with_write = (claimed, sent_at, number, free_now)
+            self._claimed_with_write = (claimed, sent_at[0], number, free_now)
 
     def _admit_claimed_with_write(self) -> None:
         """After a batch is written and its slots freed: give what its write claimed to slots.
@@ -1092,8 +1098,10 @@ class Worker:
         if claimed is None:
             return
         self._claimed_with_write = None
-        self._admit(*claimed)
-        self._wake.set()  # the loop claims for any slot this claim left free
+        try:
+            self._admit(*claimed)
+        finally:
+            self._wake.set()  # the loop claims for any slot this claim left free
 
     def _claim_with_write(self, tasks: Sequence[ClaimedTask]) -> tuple[int, int, int] | None:
         """Whether the write of ``tasks``' successes claims too: the claim's number, limit and slots free now.

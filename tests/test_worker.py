@@ -674,9 +674,15 @@ def test_on_postgresql_the_write_of_a_batch_claims_the_next_batch_in_the_same_st
     with Session(engine) as session:
         queue.enqueue_many(session, "record", [{"key": n} for n in range(30)])
         session.commit()
+    # The tasks the worker holds as each starts: its slots' and, claimed
+    # ahead, at most as many again for slots whose outcome is being written.
+    held_at_start: list[int] = []
+    worker = tq.Worker(queue, concurrency=3, burst=True, poll_interval=0.05)
+    worker.on_start = lambda _task: held_at_start.append(len(worker._running))
     with statements_completing_and_claiming(queue) as both:
-        worker = queue.run_worker(concurrency=3, burst=True, poll_interval=0.05)
+        worker.run()
     assert (worker.processed, worker.failed) == (30, 0)
+    assert max(held_at_start) <= 2 * 3
     assert executions(engine) == dict.fromkeys(range(30), 1)
     assert {(t.status, t.attempts) for t in rows(engine)} == {(tq.TaskStatus.COMPLETED, 1)}
     if backend.is_postgres and strategy_name == "skip_locked":
@@ -740,7 +746,10 @@ def test_a_result_the_database_refuses_fails_its_task_and_claims_nothing_with_th
         queue.enqueue(session, "nul_result", priority=0)
         queue.enqueue_many(session, "record", [{"key": n} for n in range(6)], priority=1)
         session.commit()
-    worker = queue.run_worker(concurrency=2, burst=True, poll_interval=0.05, completion_delay=600)
+    with statements_completing_and_claiming(queue) as both:
+        worker = queue.run_worker(concurrency=2, burst=True, poll_interval=0.05, completion_delay=600)
+    if queue.strategy.name == "skip_locked":
+        assert both, "the refused result went in a write that claimed too"
     assert executions(engine) == dict.fromkeys(range(6), 1)
     by_status: dict[tq.TaskStatus, list[str]] = {}
     for task in rows(engine):
@@ -811,6 +820,7 @@ def test_a_batch_write_that_fails_falls_back_to_one_write_per_task(
     runner.start()
     runner.join(timeout=60)
     assert not runner.is_alive(), "slots waited for ever on completions a failed write left behind"
+    assert calls[0] == slots, "the batch's write failed, not some other"
     assert (done[0].processed, done[0].failed) == (slots, 0)
     assert {(t.status, t.result) for t in rows(engine)} == {
         (tq.TaskStatus.COMPLETED, n) for n in range(slots)
