@@ -6,12 +6,14 @@ import threading
 from collections import Counter
 from contextlib import AbstractContextManager
 from datetime import timedelta
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 import sa_taskqueue as tq
+from tests.app import make_queue
 from tests.backends import Backend
 from tests.helpers import MovableClock, statements_sent, task_row
 from tests.helpers import enqueue_records as enqueue
@@ -184,3 +186,29 @@ def test_racing_loops_complete_every_task_once_and_never_claim_one_twice(
         rows = conn.execute(sa.select(table.c.id, table.c.status, table.c.result, table.c.attempts)).all()
     assert {(row.status, row.attempts) for row in rows} == {(tq.TaskStatus.COMPLETED, 1)}
     assert all(row.result == row.id for row in rows)
+
+
+@pytest.mark.backends("postgres")
+def test_a_strategy_that_completes_its_own_way_completes_and_claims_one_after_the_other(
+    engine: sa.Engine, lease: timedelta
+) -> None:
+    from sa_taskqueue.strategies.skip_locked import SkipLockedStrategy
+
+    completed_its_way: list[int] = []
+
+    class OwnCompletions(SkipLockedStrategy):
+        def complete_many(self, engine: Any, table: Any, tasks: Any, results: Any, now: Any) -> set[int]:
+            completed_its_way.extend(task.id for task in tasks)
+            return super().complete_many(engine, table, tasks, results, now)
+
+    queue = make_queue(engine, OwnCompletions(), lease)  # type: ignore[arg-type]
+    try:
+        held_id, next_id = enqueue(queue, engine, 2)
+        [held] = queue.claim(worker_id="w")
+        with updates_of_tasks(queue) as sent:
+            written, claimed = queue.complete_many_and_claim([held], limit=1, worker_id="w")
+    finally:
+        queue.close()
+    assert (written, [task.id for task in claimed]) == ({held_id}, [next_id])
+    assert completed_its_way == [held_id]
+    assert len(sent) >= 2, sent

@@ -115,7 +115,13 @@ class SkipLockedStrategy(ClaimStrategy):
 
     def completes_and_claims_at_once(self, dialect: Dialect) -> bool:
         backend = backend_for(dialect)
-        return backend.update_from_locked_cte and backend.completes_from_arrays and backend.notify
+        # (A subclass that completes or claims its own way does both its own way, one after the other.)
+        own_way = (
+            type(self).complete_many is not ClaimStrategy.complete_many
+            or type(self).claim is not SkipLockedStrategy.claim
+        )
+        at_once = backend.update_from_locked_cte and backend.completes_from_arrays and backend.notify
+        return at_once and not own_way
 
     def complete_and_claim(
         self,
