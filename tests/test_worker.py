@@ -676,8 +676,9 @@ def test_on_postgresql_the_write_of_a_batch_claims_the_next_batch_in_the_same_st
         session.commit()
     # The tasks the worker holds as each starts: its slots' and, claimed
     # ahead, at most as many again for slots whose outcome is being written.
+    # (Each success waits for the rest of its batch, so that no batch splits.)
     held_at_start: list[int] = []
-    worker = tq.Worker(queue, concurrency=3, burst=True, poll_interval=0.05)
+    worker = tq.Worker(queue, concurrency=3, burst=True, poll_interval=0.05, completion_delay=600)
     worker.on_start = lambda _task: held_at_start.append(len(worker._running))
     with statements_completing_and_claiming(queue) as both:
         worker.run()
