@@ -407,12 +407,8 @@ class Worker:
 
     def _loop(self, pool: SlotThreads[_Running]) -> None:
         claim_ahead = self._claims_ahead = backend_for(self.queue.engine.dialect).claims_ahead
-        # One slot, and no claim sent during a write: the slot's thread claims
-        # its next task itself once its outcome is written, rather than wake
-        # this loop to claim it and hand it over, two thread switches a task.
-        self._claims_in_slot = self.concurrency == 1 and not claim_ahead
-        # Where the database sends a completion and a claim in one statement,
-        # the write of a batch's successes claims for the slots it frees; the
+        # Where the database commits a completion and a claim at once, the
+        # write of a batch's successes claims for the slots it frees; the
         # loop claims only for slots that free otherwise, and when idle.
         # (Not with limited tasks to claim: their claim is a transaction of its own.)
         self._claims_with_writes = self.queue.strategy.completes_and_claims_at_once(
@@ -422,6 +418,11 @@ class Worker:
             for registered in map(self.queue.registered, self.queue.task_names)
             if registered is not None
         )
+        # Else, with one slot and no claim sent during a write: the slot's
+        # thread claims its next task itself once its outcome is written,
+        # rather than wake this loop to claim it and hand it over, two
+        # thread switches a task.
+        self._claims_in_slot = self.concurrency == 1 and not claim_ahead and not self._claims_with_writes
         self._pool = pool
         self._slots_closed = False
         idle_delay = MIN_POLL_INTERVAL

@@ -1,4 +1,4 @@
-"""`complete_many_and_claim`: a batch's successes written and the next claimed, at once on PostgreSQL."""
+"""`complete_many_and_claim`: a batch's successes written and the next claimed, at once where they can be."""
 
 from __future__ import annotations
 
@@ -148,6 +148,50 @@ def test_on_postgresql_the_two_go_in_one_statement_and_elsewhere_in_two(
         assert len(sent) >= 2, sent
 
 
+def commits_both_at_once(backend: Backend, strategy_name: str) -> bool:
+    """Where a completion and a claim commit together: skip_locked's, and SQLite's one writer at a time."""
+    return strategy_name == "skip_locked" or (backend.is_sqlite and strategy_name == "conditional_update")
+
+
+class ClaimFailed(Exception):
+    pass
+
+
+def test_where_both_commit_at_once_a_claim_that_fails_leaves_the_successes_unwritten(
+    clocked_queue: tq.TaskQueue, engine: sa.Engine, backend: Backend, strategy_name: str
+) -> None:
+    queue = clocked_queue
+    held_id, next_id = enqueue(queue, engine, 2)
+    [held] = queue.claim(worker_id="w")
+    at_once = commits_both_at_once(backend, strategy_name)
+    assert queue.strategy.completes_and_claims_at_once(queue.engine.dialect) is at_once
+    completions: list[str] = []
+
+    def fail_the_claim(_conn: object, _cursor: object, statement: str, *_rest: object) -> None:
+        # The connection dies, say, once the completion is sent: the claim's
+        # statement never reaches the database.
+        if "LIMIT" in statement.upper() or "FETCH FIRST" in statement.upper():
+            raise ClaimFailed(statement)
+        completions.append(statement)
+
+    queue_engine = getattr(queue.engine, "sync_engine", queue.engine)
+    sa.event.listen(queue_engine, "before_cursor_execute", fail_the_claim)
+    try:
+        with pytest.raises(ClaimFailed):
+            queue.complete_many_and_claim([held], ["done"], limit=1, worker_id="w")
+    finally:
+        sa.event.remove(queue_engine, "before_cursor_execute", fail_the_claim)
+    held_row = task_row(engine, held_id)
+    if at_once:
+        assert (held_row.status, held_row.result) == (tq.TaskStatus.RUNNING, None), "rolled back"
+    else:
+        assert (held_row.status, held_row.result) == (tq.TaskStatus.COMPLETED, "done"), "committed on its own"
+        assert completions, "the completion went first"
+    assert task_row(engine, next_id).status == tq.TaskStatus.QUEUED
+    written, claimed = queue.complete_many_and_claim([held], ["done"], limit=1, worker_id="w")
+    assert (written, [task.id for task in claimed]) == (({held_id} if at_once else set()), [next_id])
+
+
 def test_racing_loops_complete_every_task_once_and_never_claim_one_twice(
     queue: tq.TaskQueue, engine: sa.Engine
 ) -> None:
@@ -188,15 +232,18 @@ def test_racing_loops_complete_every_task_once_and_never_claim_one_twice(
     assert all(row.result == row.id for row in rows)
 
 
-@pytest.mark.backends("postgres")
 def test_a_strategy_that_completes_its_own_way_completes_and_claims_one_after_the_other(
-    engine: sa.Engine, lease: timedelta
+    engine: sa.Engine, lease: timedelta, backend: Backend
 ) -> None:
+    from sa_taskqueue.strategies.base import ClaimStrategy
+    from sa_taskqueue.strategies.conditional import ConditionalUpdateStrategy
     from sa_taskqueue.strategies.skip_locked import SkipLockedStrategy
 
     completed_its_way: list[int] = []
+    # (The strategy that commits both at once on this database, subclassed.)
+    at_once: type[ClaimStrategy] = ConditionalUpdateStrategy if backend.is_sqlite else SkipLockedStrategy
 
-    class OwnCompletions(SkipLockedStrategy):
+    class OwnCompletions(at_once):  # type: ignore[misc,valid-type]
         def complete_many(self, engine: Any, table: Any, tasks: Any, results: Any, now: Any) -> set[int]:
             completed_its_way.extend(task.id for task in tasks)
             return super().complete_many(engine, table, tasks, results, now)
@@ -211,4 +258,5 @@ def test_a_strategy_that_completes_its_own_way_completes_and_claims_one_after_th
         queue.close()
     assert (written, [task.id for task in claimed]) == ({held_id}, [next_id])
     assert completed_its_way == [held_id]
+    assert not queue.strategy.completes_and_claims_at_once(queue.engine.dialect)
     assert len(sent) >= 2, sent

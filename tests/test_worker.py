@@ -270,9 +270,9 @@ def test_a_success_waits_for_a_slot_still_running_and_they_go_in_one_statement(
 def claims_from_the_loop_only(queue: tq.TaskQueue, monkeypatch: pytest.MonkeyPatch) -> None:
     """No write of successes claims too: the worker's loop claims for every slot, ahead of writes if it can.
 
-    (On PostgreSQL with skip_locked a write of a whole batch's successes
-    claims the next batch in the same statement; the loop's claims ahead
-    are for the writes that do not.)
+    (Where the strategy commits a completion and a claim at once, a write of
+    a whole batch's successes claims the next batch with it; the loop's
+    claims ahead, and a lone slot's own claims, are for the writes that do not.)
     """
     monkeypatch.setattr(queue.strategy, "completes_and_claims_at_once", lambda _dialect: False)
 
@@ -417,6 +417,7 @@ def claims_on_threads(queue: tq.TaskQueue, monkeypatch: pytest.MonkeyPatch) -> l
 def test_a_lone_slot_claims_its_next_task_on_its_own_thread_once_its_success_is_written(
     queue: tq.TaskQueue, engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    claims_from_the_loop_only(queue, monkeypatch)
     with Session(engine) as session:
         queue.enqueue_many(session, "record", [{"key": n} for n in range(10)])
         session.commit()
@@ -443,6 +444,7 @@ def test_a_lone_slot_claims_its_next_task_on_its_own_thread_once_its_success_is_
 def test_a_task_the_lone_slot_claims_as_a_stop_comes_runs_and_nothing_more_is_claimed(
     queue: tq.TaskQueue, engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    claims_from_the_loop_only(queue, monkeypatch)
     with Session(engine) as session:
         queue.enqueue_many(session, "record", [{"key": n} for n in range(5)])
         session.commit()
@@ -471,6 +473,7 @@ def test_a_task_the_lone_slot_claims_as_a_stop_comes_runs_and_nothing_more_is_cl
 def test_a_task_the_lone_slot_claims_after_the_shutdown_timeout_is_given_back_and_never_starts(
     queue: tq.TaskQueue, engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    claims_from_the_loop_only(queue, monkeypatch)
     with Session(engine) as session:
         first_id, second_id = (queue.enqueue(session, "record", {"key": n}).id for n in (1, 2))
         session.commit()
@@ -668,8 +671,26 @@ def statements_completing_and_claiming(queue: tq.TaskQueue) -> AbstractContextMa
     return statements_sent(queue, lambda sql: "finished_rows" in sql and "claimable" in sql)
 
 
-def test_on_postgresql_the_write_of_a_batch_claims_the_next_batch_in_the_same_statement(
-    queue: tq.TaskQueue, engine: sa.Engine, backend: Backend, strategy_name: str
+def writes_claiming(queue: tq.TaskQueue, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many tasks each write of successes that claims too claims, from now on."""
+    seen: list[int] = []
+    real_write = queue.complete_many_and_claim
+
+    def write(*args: object, **kwargs: object) -> tuple[set[int], list[tq.ClaimedTask]]:
+        written, claimed = real_write(*args, **kwargs)  # type: ignore[arg-type]
+        seen.append(len(claimed))
+        return written, claimed
+
+    monkeypatch.setattr(queue, "complete_many_and_claim", write)
+    return seen
+
+
+def test_the_write_of_a_batch_claims_the_next_batch_where_the_database_commits_both_at_once(
+    queue: tq.TaskQueue,
+    engine: sa.Engine,
+    backend: Backend,
+    strategy_name: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     with Session(engine) as session:
         queue.enqueue_many(session, "record", [{"key": n} for n in range(30)])
@@ -680,23 +701,26 @@ def test_on_postgresql_the_write_of_a_batch_claims_the_next_batch_in_the_same_st
     held_at_start: list[int] = []
     worker = tq.Worker(queue, concurrency=3, burst=True, poll_interval=0.05, completion_delay=600)
     worker.on_start = lambda _task: held_at_start.append(len(worker._running))
+    claimed_by_writes = writes_claiming(queue, monkeypatch)
     with statements_completing_and_claiming(queue) as both:
         worker.run()
     assert (worker.processed, worker.failed) == (30, 0)
     assert max(held_at_start) <= 2 * 3
     assert executions(engine) == dict.fromkeys(range(30), 1)
     assert {(t.status, t.attempts) for t in rows(engine)} == {(tq.TaskStatus.COMPLETED, 1)}
-    if backend.is_postgres and strategy_name == "skip_locked":
-        assert both, "no write of successes claimed the next tasks"
+    if queue.strategy.completes_and_claims_at_once(queue.engine.dialect):
+        assert sum(claimed_by_writes) > 0, "no write of successes claimed the next tasks"
     else:
-        assert both == [], "completions and claims go apart here"
+        assert claimed_by_writes == [], "completions and claims go apart here"
+    # On PostgreSQL the two are one statement; elsewhere two, in one transaction.
+    assert bool(both) is (backend.is_postgres and strategy_name == "skip_locked"), both
 
 
-@pytest.mark.backends("postgres")
 def test_a_task_claimed_with_a_write_is_given_back_unstarted_when_the_worker_stops(
-    engine: sa.Engine, lease: timedelta, monkeypatch: pytest.MonkeyPatch
+    engine: sa.Engine, lease: timedelta, monkeypatch: pytest.MonkeyPatch, backend: Backend
 ) -> None:
-    queue = make_queue(engine, "skip_locked", lease)
+    # (With the strategy that commits both at once on this database.)
+    queue = make_queue(engine, "conditional_update" if backend.is_sqlite else "skip_locked", lease)
     with Session(engine) as session:
         first_id = queue.enqueue(session, "record", {"key": 1}, priority=0).id
         second_id = queue.enqueue(session, "record", {"key": 2}, priority=1).id
@@ -719,7 +743,7 @@ def test_a_task_claimed_with_a_write_is_given_back_unstarted_when_the_worker_sto
     try:
         assert claimed_with_write.wait(30), "the first task's success was written with a claim"
         assert task_row(engine, first_id).status == tq.TaskStatus.COMPLETED
-        assert task_row(engine, second_id).status == tq.TaskStatus.RUNNING, "claimed by the same statement"
+        assert task_row(engine, second_id).status == tq.TaskStatus.RUNNING, "claimed by the same write"
         worker.stop()
     finally:
         write_may_return.set()

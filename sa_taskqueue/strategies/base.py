@@ -86,12 +86,28 @@ class ClaimStrategy(LeaseWrites, ABC):
         """
 
     def completes_and_claims_at_once(self, dialect: Dialect) -> bool:
-        """Whether `complete_and_claim` is one statement on ``dialect`` (else `complete_many`, then `claim`).
+        """Whether `complete_and_claim` commits both at once on ``dialect`` (else one after the other).
 
-        A worker that knows its next claim will follow each completion
-        sends the two together where this is true.
+        At once is one transaction, so one commit (and, on a database that
+        syncs its log at each commit, one sync of it) for the two: on
+        PostgreSQL one statement, on MySQL, MariaDB and SQLite the two
+        statements in one transaction.  A worker that knows its next claim
+        will follow each completion sends the two together where this is true.
         """
         return False
+
+    def _completes_or_claims_its_own_way(self, claims: type[ClaimStrategy]) -> bool:
+        """Whether a subclass overrides the completion, or ``claims``' claim.
+
+        Such a subclass completes and claims its own way, one after the
+        other, rather than have a statement of ``claims`` stand in for its own.
+        """
+        kind = type(self)
+        return (
+            kind.complete_many is not LeaseWrites.complete_many
+            or kind.complete_many_on is not LeaseWrites.complete_many_on
+            or kind.claim is not claims.claim
+        )
 
     def complete_and_claim(
         self,
@@ -104,10 +120,10 @@ class ClaimStrategy(LeaseWrites, ABC):
     ) -> tuple[set[int], list[dict[str, Any]]]:
         """`complete_many` for ``tasks``, then `claim` for ``request``: the ids written, and the rows claimed.
 
-        Here two statements, each committed on its own; a strategy that can
-        send both in one (`completes_and_claims_at_once`) does, and then
-        either both commit or neither does.  Here too a completion that
-        raises claims nothing.
+        Here each committed on its own; a strategy that can commit both at
+        once (`completes_and_claims_at_once`) does, and then either both
+        commit or neither does.  Here too a completion that raises claims
+        nothing.
         """
         written = self.complete_many(engine, table, tasks, results, now) if tasks else set()
         return written, self.claim(engine, table, request)

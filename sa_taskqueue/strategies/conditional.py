@@ -8,12 +8,15 @@ one UPDATE matches it; the others match nothing and move on.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Engine, Table, bindparam, update
 from sqlalchemy.engine import Dialect
 
 from sa_taskqueue.backends import backend_for
+from sa_taskqueue.claimed import ClaimedTask
 from sa_taskqueue.strategies.base import ClaimStrategy
 from sa_taskqueue.strategies.claiming import (
     ClaimRequest,
@@ -25,6 +28,7 @@ from sa_taskqueue.strategies.claiming import (
     limit_param,
     read_back,
 )
+from sa_taskqueue.strategies.lease import COMPLETE_MANY_CHUNK
 
 CANDIDATE_ID = "candidate_id"
 CANDIDATE_ATTEMPTS = "candidate_attempts"
@@ -65,6 +69,34 @@ class ConditionalUpdateStrategy(ClaimStrategy):
         )
         with self.executor.single_statement(engine) as conn:
             return [claimed_row(row, request) for row in claim.rows(conn, request.params())]
+
+    def completes_and_claims_at_once(self, dialect: Dialect) -> bool:
+        # Where writes are serialised (SQLite), each transaction holds the
+        # write lock and syncs the log once: one for both halves a task.
+        return _claims_in_one_statement(dialect) and not self._completes_or_claims_its_own_way(
+            ConditionalUpdateStrategy
+        )
+
+    def complete_and_claim(
+        self,
+        engine: Engine,
+        table: Table,
+        tasks: Sequence[ClaimedTask],
+        results: Sequence[Any],
+        now: datetime,
+        request: ClaimRequest,
+    ) -> tuple[set[int], list[dict[str, Any]]]:
+        """The completion's UPDATE, then the claim's, in one write transaction where writes are serialised."""
+        at_once = self.completes_and_claims_at_once(engine.dialect)
+        if not tasks or len(tasks) > COMPLETE_MANY_CHUNK or not at_once:
+            return super().complete_and_claim(engine, table, tasks, results, now, request)
+        claim = self.executor.prepared(
+            ("claim", request.shape), engine.dialect, table, lambda: self.one_statement_claim(table, request)
+        )
+        with self.transaction(engine) as conn:
+            written = self.complete_many_on(conn, table, tasks, results, now)
+            rows = claim.rows(conn, request.params())
+        return written, [claimed_row(row, request) for row in rows]
 
     def _claim_row_by_row(self, engine: Engine, table: Table, request: ClaimRequest) -> list[dict[str, Any]]:
         # Where writers run side by side, each candidate is taken by its own

@@ -163,13 +163,30 @@ class LeaseWrites:
                 len(tasks),
                 COMPLETE_MANY_CHUNK,
             )
+        if backend_for(engine.dialect).completes_from_arrays and len(tasks) > 1:
+            # (A batch of one goes by `complete_many_on`'s statement, for one
+            # task: a value per column costs the driver less than an array of one.)
+            return self._complete_from_arrays(engine, table, tasks, results, now)
+        with self.executor.single_statement(engine) as conn:
+            return self.complete_many_on(conn, table, tasks, results, now)
+
+    def complete_many_on(
+        self,
+        conn: Connection,
+        table: Table,
+        tasks: Sequence[ClaimedTask],
+        results: Sequence[Any],
+        now: datetime,
+    ) -> set[int]:
+        """`complete_many` of at most `COMPLETE_MANY_CHUNK` tasks, on ``conn`` in its caller's transaction.
+
+        For a caller that commits the completion together with more of its
+        own (`ClaimStrategy.complete_and_claim`): a value per column and
+        task, one statement.
+        """
         count = len(tasks)
         with_results = any(result is not None for result in results)
-        backend = backend_for(engine.dialect)
-        if backend.completes_from_arrays and count > 1:
-            # (A batch of one goes by the statement below, for one task: a
-            # value per column costs the driver less than an array of one.)
-            return self._complete_from_arrays(engine, table, tasks, results, now)
+        backend = backend_for(conn.dialect)
         # A batch of one needs no RETURNING, whose row costs the client more
         # to read than the statement's row count: that says if it was written.
         returning = backend.update_returning and count > 1
@@ -183,30 +200,29 @@ class LeaseWrites:
             return complete_many_statement(table, count, with_results, returning=returning)
 
         statement = self.executor.prepared(
-            ("complete_many", count, with_results, announce), engine.dialect, table, build
+            ("complete_many", count, with_results, announce), conn.dialect, table, build
         )
         params: dict[str, Any] = {HELD_NOW: now, "finished_now": now}
         for index, (task, result) in enumerate(zip(tasks, results, strict=True)):
             params.update(held_params(task, suffix=f"_{index}"))
             if with_results:
                 params[f"result_{index}"] = result
-        with self.executor.single_statement(engine) as conn:
-            written = statement.execute(conn, params)
-            told = ids_written(written, tasks, announced=announce, returning=returning)
-            if told is not None:
-                return told
-            if count == 1:
-                return set()
-            # Without RETURNING, and some rows not ours any more: the rows
-            # written are those now completed at exactly ``now`` under one of
-            # these claims.  (Another claim of the same task completing at the
-            # same instant carries another identity, so it is never counted.)
-            written_ids = select(table.c.id).where(
-                has_status(table, TaskStatus.COMPLETED),
-                table.c.finished_at == bindparam("finished_now", type_=table.c.finished_at.type),
-                or_(*(claim_identity(table, f"_{index}") for index in range(count))),
-            )
-            return set(conn.execute(written_ids, params).scalars())
+        written = statement.execute(conn, params)
+        told = ids_written(written, tasks, announced=announce, returning=returning)
+        if told is not None:
+            return told
+        if count == 1:
+            return set()
+        # Without RETURNING, and some rows not ours any more: the rows
+        # written are those now completed at exactly ``now`` under one of
+        # these claims.  (Another claim of the same task completing at the
+        # same instant carries another identity, so it is never counted.)
+        written_ids = select(table.c.id).where(
+            has_status(table, TaskStatus.COMPLETED),
+            table.c.finished_at == bindparam("finished_now", type_=table.c.finished_at.type),
+            or_(*(claim_identity(table, f"_{index}") for index in range(count))),
+        )
+        return set(conn.execute(written_ids, params).scalars())
 
     def fail_many(
         self,

@@ -115,13 +115,11 @@ class SkipLockedStrategy(ClaimStrategy):
 
     def completes_and_claims_at_once(self, dialect: Dialect) -> bool:
         backend = backend_for(dialect)
-        # (A subclass that completes or claims its own way does both its own way, one after the other.)
-        own_way = (
-            type(self).complete_many is not ClaimStrategy.complete_many
-            or type(self).claim is not SkipLockedStrategy.claim
-        )
-        at_once = backend.update_from_locked_cte and backend.completes_from_arrays and backend.notify
-        return at_once and not own_way
+        if not backend.limit_with_for_update or self._completes_or_claims_its_own_way(SkipLockedStrategy):
+            return False
+        if backend.update_from_locked_cte:
+            return backend.completes_from_arrays and backend.notify
+        return True  # (the lock, then the update: in the completion's transaction)
 
     def complete_and_claim(
         self,
@@ -132,10 +130,19 @@ class SkipLockedStrategy(ClaimStrategy):
         now: datetime,
         request: ClaimRequest,
     ) -> tuple[set[int], list[dict[str, Any]]]:
-        """Both in one statement (`complete_and_claim_statement`) where the backend can; else two."""
+        """Both in one statement (`complete_and_claim_statement`) where it can be, else in one transaction.
+
+        In one transaction (MySQL, MariaDB) the completion goes first: the
+        rows it writes are this worker's own, which no claim would wait
+        for, and the claim's locks are then held only for its own two statements.
+        """
         at_once = self.completes_and_claims_at_once(engine.dialect)
         if not tasks or len(tasks) > COMPLETE_MANY_CHUNK or not at_once:
             return super().complete_and_claim(engine, table, tasks, results, now, request)
+        if not backend_for(engine.dialect).update_from_locked_cte:
+            with self.transaction(engine) as conn:
+                written = self.complete_many_on(conn, table, tasks, results, now)
+                return written, self._lock_then_update(conn, table, request)
         statement = self.executor.prepared(
             ("complete_and_claim", request.shape),
             engine.dialect,
@@ -165,7 +172,14 @@ class SkipLockedStrategy(ClaimStrategy):
         # IN (...) subquery (MySQL's error 1235), the claim is two statements
         # in one transaction: lock the whole rows, then update them by id.
         # The rows as claimed are computed from what was read, not read again.
-        dialect = engine.dialect
+        with self.transaction(engine) as conn:
+            return self._lock_then_update(conn, table, request)
+
+    def _lock_then_update(
+        self, conn: Connection, table: Table, request: ClaimRequest
+    ) -> list[dict[str, Any]]:
+        """`_claim_then_update`'s two statements on ``conn``, in its caller's transaction."""
+        dialect = conn.dialect
         lock = self.executor.prepared(
             ("lock", request.shape),
             dialect,
@@ -173,17 +187,16 @@ class SkipLockedStrategy(ClaimStrategy):
             lambda: locking_select(table, request, *read_back(table)).limit(limit_param()),
         )
         params = request.params()
-        with self.transaction(engine) as conn:
-            rows = lock.rows(conn, params)
-            if rows:
-                ids = claimed_id_params(len(rows))
-                mark = self.executor.prepared(
-                    ("mark", len(rows), request.shape),
-                    dialect,
-                    table,
-                    lambda: mark_claimed(table, request, ids),
-                )
-                mark.execute(conn, {**params, **dict(zip(ids, (row["id"] for row in rows), strict=True))})
+        rows = lock.rows(conn, params)
+        if rows:
+            ids = claimed_id_params(len(rows))
+            mark = self.executor.prepared(
+                ("mark", len(rows), request.shape),
+                dialect,
+                table,
+                lambda: mark_claimed(table, request, ids),
+            )
+            mark.execute(conn, {**params, **dict(zip(ids, (row["id"] for row in rows), strict=True))})
         return [apply_claim(row, request) for row in rows]
 
     # An unbounded cursor (Oracle) --------------------------------------------------
