@@ -668,9 +668,11 @@ class TaskQueue:
     ) -> tuple[set[int], list[ClaimedTask]]:
         """`complete_many`, then `claim`: the ids written, and the tasks claimed.
 
-        What a worker loop does once a batch is done; on PostgreSQL both go
-        in one statement (one round trip, one commit: either both happen or
-        neither does), elsewhere one after the other.  The arguments are
+        What a worker loop does once a batch is done.  Where the strategy
+        commits both at once (`ClaimStrategy.completes_and_claims_at_once`:
+        `skip_locked` on PostgreSQL in one statement, on MySQL and MariaDB in
+        one transaction; `conditional_update` on SQLite in one transaction)
+        either both happen or neither does; elsewhere one after the other.  The arguments are
         those of `complete_many` and `claim`; the completion is checked in
         full before anything is sent, and if it raises nothing is claimed.
         Tasks with a concurrency limit among the names are claimed by their

@@ -244,7 +244,7 @@ class Worker:
         self._claims_sent = 0
         self._oldest_freed: int | None = None
         #: Whether a write of successes claims the next tasks in the same
-        #: statement (`_claim_with_write`): set up by `_loop`.
+        #: commit (`_claim_with_write`): set up by `_loop`.
         self._claims_with_writes = False
         #: A claim is on its way: the loop's own, or one sent with a write of
         #: successes.  Neither is sent while the other is, so that no more
@@ -1109,8 +1109,8 @@ class Worker:
 
         It claims for the slots free now and for those it frees, unless the
         loop is claiming already, the worker is stopping, other tasks of the
-        batch still run, or the database sends the two apart anyway.  None
-        if not: the loop claims then.
+        batch still run where slots claim ahead (PostgreSQL), or the
+        database sends the two apart anyway.  None if not: the loop claims then.
         """
         if not self._claims_with_writes:
             return None
@@ -1124,11 +1124,13 @@ class Worker:
                     slot.writing = True
                     freeing += 1
             free_now = self.concurrency - len(self._running) - self._slot_claiming
-            if free_now + freeing <= 0 or self._batch_still_running_locked():
-                # (Tasks of its claim, or of a later one, still run: the loop
-                # waits for their slots too, and claims for all together.
-                # Claimed for these slots alone, the next batch would be as
-                # split as this one, and so on.)
+            if free_now + freeing <= 0 or (self._claims_ahead and self._batch_still_running_locked()):
+                # (Tasks of its claim, or of a later one, still run: where
+                # slots claim ahead the loop waits for their slots too, and
+                # claims for all together.  Claimed for these slots alone,
+                # the next batch would be as split as this one, and so on.
+                # Elsewhere the loop claims for slots as soon as they are
+                # free, so the write may as well claim for them itself.)
                 return None
             self._write_claiming = True
             return self._next_claim_locked(), free_now + freeing, free_now

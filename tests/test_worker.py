@@ -716,6 +716,36 @@ def test_the_write_of_a_batch_claims_the_next_batch_where_the_database_commits_b
     assert bool(both) is (backend.is_postgres and strategy_name == "skip_locked"), both
 
 
+@pytest.mark.backends("sqlite", "mysql", "mariadb")  # (PostgreSQL waits for the rest of the batch)
+def test_where_slots_claim_once_free_a_write_claims_for_its_slots_while_a_task_of_its_batch_runs(
+    queue: tq.TaskQueue, engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    long_may_end, _ = long_and_quick_tasks(queue)
+    with Session(engine) as session:
+        long_id = queue.enqueue(session, "long", {}, priority=0).id
+        queue.enqueue_many(session, "quick", [{}] * 6, priority=1)
+        session.commit()
+    claimed_by_writes = writes_claiming(queue, monkeypatch)
+    worker = tq.Worker(queue, concurrency=2, burst=True, poll_interval=0.05)
+    runner = threading.Thread(target=worker.run)
+    runner.start()
+    try:
+        wait_until(lambda: worker.processed == 6, 60, "the quick tasks to run beside the long one")
+        assert task_row(engine, long_id).status == tq.TaskStatus.RUNNING
+    finally:
+        long_may_end.set()
+        runner.join(timeout=60)
+    assert not runner.is_alive()
+    assert {(t.status, t.attempts) for t in rows(engine)} == {(tq.TaskStatus.COMPLETED, 1)}
+    if queue.strategy.completes_and_claims_at_once(queue.engine.dialect):
+        # The first claim took the long task and a quick one; each later
+        # quick task came with the write of the one before it.
+        assert sum(claimed_by_writes) == 5, claimed_by_writes
+    else:
+        assert claimed_by_writes == []
+
+
+@pytest.mark.requires("limit_with_for_update")  # (where skip_locked commits both at once)
 def test_a_task_claimed_with_a_write_is_given_back_unstarted_when_the_worker_stops(
     engine: sa.Engine, lease: timedelta, monkeypatch: pytest.MonkeyPatch, backend: Backend
 ) -> None:
