@@ -672,11 +672,11 @@ class TaskQueue:
         commits both at once (`ClaimStrategy.completes_and_claims_at_once`:
         `skip_locked` on PostgreSQL in one statement, on MySQL and MariaDB in
         one transaction; `conditional_update` on SQLite in one transaction)
-        either both happen or neither does; elsewhere one after the other.  The arguments are
-        those of `complete_many` and `claim`; the completion is checked in
-        full before anything is sent, and if it raises nothing is claimed.
-        Tasks with a concurrency limit among the names are claimed by their
-        own transaction, after the completion.
+        either both happen or neither does; elsewhere one after the other.
+        The arguments are those of `complete_many` and `claim`; the
+        completion is checked in full before anything is sent, and if it
+        raises nothing is claimed.  Tasks with a concurrency limit among the
+        names are claimed by their own transaction, after the completion.
         """
         tasks, values = self._checked_completions(claimed, results)
         planned = self._plan_claim(limit, queues, worker_id, names)
