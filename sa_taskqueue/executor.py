@@ -9,6 +9,7 @@ BEGIN); the executor only carries it out.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -88,7 +89,12 @@ class StatementExecutor:
                 try:
                     yield conn
                 except BaseException:
-                    conn.exec_driver_sql("ROLLBACK")
+                    # SQLite rolls a transaction back itself after some errors
+                    # (an interrupt, a full disk), and then refuses ROLLBACK:
+                    # the error to raise is the one that ended it.  (The loan
+                    # ends in error, so the connection is not lent again.)
+                    with contextlib.suppress(Exception):
+                        conn.exec_driver_sql("ROLLBACK")
                     raise
                 conn.exec_driver_sql("COMMIT")
             return

@@ -198,6 +198,44 @@ def test_where_both_commit_at_once_a_claim_that_fails_leaves_the_successes_unwri
     assert (written, [task.id for task in claimed]) == (({held_id} if at_once else set()), [next_id])
 
 
+@pytest.mark.backends("sqlite")
+def test_on_sqlite_a_claim_the_database_interrupts_rolls_back_both_and_raises_its_own_error(
+    engine: sa.Engine, lease: timedelta, clock: MovableClock
+) -> None:
+    # SQLite ends the whole transaction itself when a write in it is
+    # interrupted; the error raised is the interrupt, not the ROLLBACK after it.
+    queue = tq.TaskQueue(engine, strategy="conditional_update", lease=lease, clock=clock.now)
+    queue.task(name="record")(lambda key: key)
+    held_id, next_id = enqueue(queue, engine, 2)
+    [held] = queue.claim(worker_id="w")
+    interrupted: list[str] = []
+
+    def interrupt_once() -> int:
+        if interrupted:
+            return 0
+        interrupted.append("claim")
+        return 1
+
+    def interrupt_the_claim(conn: sa.Connection, _cursor: object, statement: str, *_rest: object) -> None:
+        if "RETURNING" in statement.upper() and "LIMIT" in statement.upper():
+            conn.connection.dbapi_connection.set_progress_handler(interrupt_once, 1)  # type: ignore[union-attr]
+
+    sa.event.listen(engine, "before_cursor_execute", interrupt_the_claim)
+    try:
+        with pytest.raises(tq.DatabaseError, match="interrupted"):
+            queue.complete_many_and_claim([held], ["done"], limit=1, worker_id="w")
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", interrupt_the_claim)
+    assert interrupted == ["claim"]
+    assert (task_row(engine, held_id).status, task_row(engine, next_id).status) == (
+        tq.TaskStatus.RUNNING,
+        tq.TaskStatus.QUEUED,
+    )
+    written, claimed = queue.complete_many_and_claim([held], ["done"], limit=1, worker_id="w")
+    assert (written, [task.id for task in claimed]) == ({held_id}, [next_id])
+    queue.close()
+
+
 def test_racing_loops_complete_every_task_once_and_never_claim_one_twice(
     queue: tq.TaskQueue, engine: sa.Engine
 ) -> None:
