@@ -65,8 +65,14 @@ ASYNC_SAME_AS_SYNC_STRATEGIES = {"conditional_update"}
 ASYNC_COVERED_ELSEWHERE = {"postgres18"}
 
 
+#: Backends whose sessions run the self-test's tests behind Debian's PgBouncer.
+BEHIND_PGBOUNCER = {"postgres", "postgres18"}
+
+
 def _tests(session: nox.Session, backend: str, sqlalchemy: str) -> None:
     session.install("-e", ".[test]", f"SQLAlchemy~={sqlalchemy}.0", env=COMPILE_BYTECODE)
+    if backend in BEHIND_PGBOUNCER:
+        session.run("sh", ".ci/install-pgbouncer", external=True)
     session.run("python", "-c", "import sqlalchemy; print('SQLAlchemy', sqlalchemy.__version__)")
     selection = [] if sqlalchemy == FULL_SUITE_SERIES else ["-m", "not slow"]
     session.run("pytest", "--backend", backend, *selection, *session.posargs)
