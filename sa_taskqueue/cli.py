@@ -21,9 +21,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import click
 import sqlalchemy as sa
-from alembic import util as alembic_util
 from rich.console import Console
-from rich.progress import Progress
 from rich.table import Table as RichTable
 
 from sa_taskqueue import __version__, admin, cli_params, schedules, unique, validation
@@ -128,10 +126,20 @@ def for_people(ctx: click.Context, url: str | sa.URL | None = None) -> Iterator[
         raise Failure(f"the database refused a statement{where}: {_first_line(error.orig)}") from error
     except sa.exc.SQLAlchemyError as error:
         raise Failure(f"{_first_line(error)}") from error
-    except alembic_util.CommandError as error:
+    except _migration_errors() as error:
         raise Failure(f"migration failed: {_first_line(error)}") from error
     except ValueError as error:  # e.g. a URL whose port is not a number
         raise Failure(f"{_first_line(error)}{where}") from error
+
+
+def _migration_errors() -> tuple[type[Exception], ...]:
+    """alembic's CommandError, once a migration imported alembic.
+
+    Only ``migrate`` imports alembic (a fifth of a second); no other command
+    can raise its errors, so none pays for the import.
+    """
+    alembic_util = sys.modules.get("alembic.util")
+    return (alembic_util.CommandError,) if alembic_util is not None else ()
 
 
 def _driver_detail(error: BaseException) -> str:
@@ -1051,6 +1059,8 @@ def demo(ctx: click.Context, tasks: int, workers: int, url: str) -> None:
     with for_people(ctx, url):
         _checked_url(url)
         if console.is_terminal:
+            from rich.progress import Progress  # the demo's bar alone: not on every command's start
+
             with Progress(console=console, transient=True) as progress:
                 bar = progress.add_task("running", total=tasks)
                 summary = run_demo(url, tasks, workers, lambda done: progress.update(bar, completed=done))
