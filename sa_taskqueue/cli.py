@@ -126,20 +126,8 @@ def for_people(ctx: click.Context, url: str | sa.URL | None = None) -> Iterator[
         raise Failure(f"the database refused a statement{where}: {_first_line(error.orig)}") from error
     except sa.exc.SQLAlchemyError as error:
         raise Failure(f"{_first_line(error)}") from error
-    except _migration_errors() as error:
-        raise Failure(f"migration failed: {_first_line(error)}") from error
     except ValueError as error:  # e.g. a URL whose port is not a number
         raise Failure(f"{_first_line(error)}{where}") from error
-
-
-def _migration_errors() -> tuple[type[Exception], ...]:
-    """alembic's CommandError, once a migration imported alembic.
-
-    Only ``migrate`` imports alembic (a fifth of a second); no other command
-    can raise its errors, so none pays for the import.
-    """
-    alembic_util = sys.modules.get("alembic.util")
-    return (alembic_util.CommandError,) if alembic_util is not None else ()
 
 
 def _driver_detail(error: BaseException) -> str:
@@ -400,11 +388,17 @@ def worker(
 @click.pass_context
 def migrate(ctx: click.Context, url: str | None, revision: str) -> None:
     """Create or upgrade the task table with the package's alembic migrations."""
+    # Imported here, not at the top: only this command needs alembic (a fifth of a second).
+    from alembic.util import CommandError
+
     from sa_taskqueue.migrate import upgrade
 
     with for_people(ctx, url):
         checked = _checked_url(url)
-        upgrade(checked, revision)
+        try:
+            upgrade(checked, revision)
+        except CommandError as error:  # e.g. a revision the history does not have
+            raise Failure(f"migration failed: {_first_line(error)}") from error
     click.echo(f"migrated {_safe(checked)} to {revision}")
 
 
