@@ -126,13 +126,15 @@ for _backend in BACKENDS:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff on everything, mypy --strict on the package."""
-    session.install("-e", ".[lint,async,flask,fastapi,postgresql]")
+    """ruff on everything, mypy --strict on the package, the layer contracts, and the docs site built strictly."""
+    session.install("-e", ".[lint,docs,async,flask,fastapi,postgresql]")
     session.run(
         "ruff", "check", "sa_taskqueue", "tests", "alembic", "examples", "benchmarks", "conftest.py",
         "noxfile.py",
     )
     session.run("mypy", "--strict", "sa_taskqueue")
+    session.run("lint-imports")
+    session.run("mkdocs", "build", "--strict", "--site-dir", str(session.create_tmp()) + "/site")
 
 
 @nox.session
