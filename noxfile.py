@@ -126,7 +126,7 @@ for _backend in BACKENDS:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff on everything, mypy --strict on the package, the layer contracts, and the docs site built strictly."""
+    """ruff, mypy --strict on the package, the layer contracts, and the docs site built strictly."""
     session.install("-e", ".[lint,docs,async,flask,fastapi,postgresql]")
     session.run(
         "ruff", "check", "sa_taskqueue", "tests", "alembic", "examples", "benchmarks", "conftest.py",

@@ -3,7 +3,7 @@
 Where the database comes from, first match wins:
 
 1. ``config.attributes["connection"]``: a live Connection handed over by code
-   (``sa_taskqueue.migrate.upgrade`` does this, and so can an application that
+   (``sa_taskqueue.core.migrate.upgrade`` does this, and so can an application that
    runs our migrations inside its own transaction);
 2. the ``SA_TASKQUEUE_DATABASE_URL`` environment variable (the command line);
 3. ``sqlalchemy.url`` in the Alembic config (an ini file, or ``migrate.alembic_config``).
@@ -25,7 +25,7 @@ from alembic import context, util
 
 from sa_taskqueue import metadata
 from sa_taskqueue.backends import backend_for
-from sa_taskqueue.migrate import VERSION_TABLE, include_object, render_item
+from sa_taskqueue.core.migrate import VERSION_TABLE, include_object, render_item
 
 URL_VARIABLE = "SA_TASKQUEUE_DATABASE_URL"
 

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import sqlalchemy as sa
 
-from sa_taskqueue.concurrency import LIMITED_RECHECK_SECONDS
+from sa_taskqueue.core.concurrency import LIMITED_RECHECK_SECONDS
 
 TABLE = "sa_taskqueue_task"
 LEASE = timedelta(minutes=5)

@@ -58,7 +58,7 @@ class WorkerCost:
 def _memory_queue(tasks: int) -> Any:
     """A `TaskQueue` on an engine it never uses, whose claims and writes never leave the process."""
     import sa_taskqueue as tq
-    from sa_taskqueue.claimed import ClaimedTask
+    from sa_taskqueue.core.claimed import ClaimedTask
 
     ids = itertools.count(1)
     now = datetime.now(UTC)

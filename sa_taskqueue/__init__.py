@@ -7,10 +7,13 @@ run ``queue.run_worker()``.
 
 from __future__ import annotations
 
-from sa_taskqueue import backends, health, session_events, strategies
-from sa_taskqueue.claimed import ClaimedTask
-from sa_taskqueue.event_loop_bridge import SyncCallOnEventLoop
-from sa_taskqueue.exceptions import (
+import importlib
+
+from sa_taskqueue import _moved, backends, health, strategies
+from sa_taskqueue.core import session_events
+from sa_taskqueue.core.claimed import ClaimedTask
+from sa_taskqueue.core.event_loop_bridge import SyncCallOnEventLoop
+from sa_taskqueue.core.exceptions import (
     DatabaseBusy,
     DatabaseError,
     DatabaseUnavailable,
@@ -26,12 +29,12 @@ from sa_taskqueue.exceptions import (
     TaskQueueError,
     TaskResultError,
 )
-from sa_taskqueue.footing import FootingReport
+from sa_taskqueue.core.model import Base, Task, TaskMixin, TaskStatus, metadata
+from sa_taskqueue.core.registered import RegisteredTask, TaskWithOptions
 from sa_taskqueue.health import HealthThresholds, TableHealth
-from sa_taskqueue.model import Base, Task, TaskMixin, TaskStatus, metadata
+from sa_taskqueue.health.self_test import FootingReport
 from sa_taskqueue.queue import TaskQueue
-from sa_taskqueue.registered import RegisteredTask, TaskWithOptions
-from sa_taskqueue.worker import Worker
+from sa_taskqueue.worker.worker import Worker
 
 __version__ = "0.1.0"
 
@@ -39,6 +42,16 @@ __version__ = "0.1.0"
 # Every import of a submodule (the model included) imports this package first,
 # so no task row is flushed before these listeners are in place.
 session_events.listen()
+# ``import sa_taskqueue.limits`` and the other paths of modules that moved keep working.
+_moved.install()
+
+
+def __getattr__(name: str) -> object:
+    """``sa_taskqueue.types`` and the other moved modules, as attributes of the package as before."""
+    if name in _moved.MOVED:
+        return importlib.import_module(f"sa_taskqueue.{name}")
+    raise AttributeError(f"module 'sa_taskqueue' has no attribute {name!r}")
+
 
 __all__ = [
     "Base",

@@ -1,5 +1,5 @@
 """``python -m sa_taskqueue``: the command line."""
 
-from sa_taskqueue.cli import main
+from sa_taskqueue.cli.main import main
 
 main()

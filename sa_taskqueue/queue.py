@@ -20,32 +20,33 @@ from zoneinfo import ZoneInfo
 from sqlalchemy import Connection, Engine, Table
 from sqlalchemy.orm import Session, scoped_session, sessionmaker
 
-from sa_taskqueue import retention as retention_rows
-from sa_taskqueue import unique, validation
-from sa_taskqueue.admin import cancel_queued
 from sa_taskqueue.backends import backend_for
-from sa_taskqueue.bulk_insert import insert_rows
-from sa_taskqueue.claimed import ClaimedTask
-from sa_taskqueue.claimed_params import decode_params, json_loads
-from sa_taskqueue.concurrency import ConcurrencyLimit, KeySpec, fitted
-from sa_taskqueue.error_text import format_error
-from sa_taskqueue.event_loop_bridge import EventLoopBridge, asyncio_extension
-from sa_taskqueue.exceptions import translate_database_errors
-from sa_taskqueue.explain import explain
-from sa_taskqueue.footing import FootingReport, check_footing
-from sa_taskqueue.health import HealthThresholds, TableHealth, measure_table_health
-from sa_taskqueue.limits import ColumnLimits
-from sa_taskqueue.model import Task, TaskMixin, TaskStatus
-from sa_taskqueue.notify import notify_enqueued
-from sa_taskqueue.pausing import PausedQueues, read_paused, set_paused
-from sa_taskqueue.registered import (
+from sa_taskqueue.core import validation
+from sa_taskqueue.core.bulk_insert import insert_rows
+from sa_taskqueue.core.claimed import ClaimedTask
+from sa_taskqueue.core.claimed_params import decode_params, json_loads
+from sa_taskqueue.core.concurrency import ConcurrencyLimit, KeySpec, fitted
+from sa_taskqueue.core.error_text import format_error
+from sa_taskqueue.core.event_loop_bridge import EventLoopBridge, asyncio_extension
+from sa_taskqueue.core.exceptions import translate_database_errors
+from sa_taskqueue.core.limits import ColumnLimits
+from sa_taskqueue.core.model import Task, TaskMixin, TaskStatus
+from sa_taskqueue.core.notify import notify_enqueued
+from sa_taskqueue.core.registered import (
     DEFAULT_RETRY_DELAY,
     RegisteredTask,
     TaskOptions,
     retry_delay,
     signature_to_check,
 )
-from sa_taskqueue.results import (
+from sa_taskqueue.core.task_rows import TaskRows
+from sa_taskqueue.core.types import utcnow
+from sa_taskqueue.core.unawaited import EnqueueCoroutine
+from sa_taskqueue.features import retention as retention_rows
+from sa_taskqueue.features import unique
+from sa_taskqueue.features.admin import cancel_queued
+from sa_taskqueue.features.pausing import PausedQueues, read_paused, set_paused
+from sa_taskqueue.features.results import (
     DEFAULT_POLL_INTERVAL,
     FinishedListener,
     TaskOutcome,
@@ -55,21 +56,21 @@ from sa_taskqueue.results import (
     wait_for_result_async,
     wait_seconds,
 )
-from sa_taskqueue.schedules import EnqueuedSlot, PeriodicTask, Schedule, enqueue_due
+from sa_taskqueue.features.schedules import EnqueuedSlot, PeriodicTask, Schedule, enqueue_due
+from sa_taskqueue.features.transactional import check_transactional
+from sa_taskqueue.health import HealthThresholds, TableHealth, measure_table_health
+from sa_taskqueue.health.explain import explain
+from sa_taskqueue.health.self_test import FootingReport, check_footing
 from sa_taskqueue.strategies import registry
 from sa_taskqueue.strategies.base import ClaimStrategy
 from sa_taskqueue.strategies.claiming import ClaimRequest
 from sa_taskqueue.strategies.lease import LEASE_EXPIRED_ERROR
 from sa_taskqueue.strategies.limited import Limits
-from sa_taskqueue.task_rows import TaskRows
-from sa_taskqueue.transactional import check_transactional
-from sa_taskqueue.types import utcnow
-from sa_taskqueue.unawaited import EnqueueCoroutine
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_scoped_session, async_sessionmaker
 
-    from sa_taskqueue.worker import Worker
+    from sa_taskqueue.worker.worker import Worker
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -89,7 +90,7 @@ class TaskQueue:
     `AsyncEngine` or an `async_sessionmaker` bound to one.  With an async
     engine, ``engine`` is its ``sync_engine``, and every database call of the
     queue runs in a greenlet on the event loop that owns the engine's
-    connections (see `sa_taskqueue.event_loop_bridge`): the same strategies,
+    connections (see `sa_taskqueue.core.event_loop_bridge`): the same strategies,
     and the same thread-based `Worker`, serve both kinds.  The claim
     strategy is picked from the dialect and server version on first use,
     unless ``strategy`` names one (``"skip_locked"``, ``"conditional_update"``,
@@ -133,7 +134,7 @@ class TaskQueue:
         sample = clock()
         if not isinstance(sample, datetime) or sample.utcoffset() is None:
             raise TypeError(f"clock must return an aware datetime, got {sample!r}")
-        #: How long finished tasks are kept, per status; workers delete older ones (`sa_taskqueue.retention`).
+        #: How long finished tasks are kept, per status; workers delete older ones (`features.retention`).
         self.retention = retention_rows.check_retention({} if retention is None else retention)
         #: How often a worker looks for expired tasks: by default a tenth of the shortest age.
         self.retention_interval: timedelta | None = None
@@ -158,7 +159,7 @@ class TaskQueue:
         self._next_recovery: datetime | None = None
         self._worker_id: tuple[int, str] | None = None
         self._async_worker_running = False
-        #: The paused queues as last read: what claims leave out (`sa_taskqueue.pausing`).
+        #: The paused queues as last read: what claims leave out (`sa_taskqueue.features.pausing`).
         self.paused = PausedQueues()
         #: Wakes `result` waiters when their task finishes (PostgreSQL); started by the first wait.
         self.finished_listener = FinishedListener(self.engine, self.table)
@@ -239,14 +240,14 @@ class TaskQueue:
         make it, or is a function of the params returning a string.
 
         ``unique_by`` names params whose values make each enqueue's unique
-        key (`sa_taskqueue.unique.derive_key`): while a task with the same
+        key (`sa_taskqueue.features.unique.derive_key`): while a task with the same
         values is queued or running, another enqueue returns it instead.
 
         ``transactional=True``: the function takes a session as its first
         parameter (a `Session`, or an `AsyncSession` for an ``async def`` on
         a queue on an `AsyncEngine`), which the worker opens on the queue's
         engine; what the task writes through it commits in one transaction
-        with its completion, or not at all (`sa_taskqueue.transactional`).
+        with its completion, or not at all (`sa_taskqueue.features.transactional`).
         Params never include the session.
         """
         if callable(name):
@@ -313,7 +314,7 @@ class TaskQueue:
         counted from the Unix epoch).  Each slot is enqueued once, by
         whichever worker gets there first, with ``params``; the task is an
         ordinary one otherwise (the other options are `task`'s).  Everything is
-        checked here, when the module is imported.  See `sa_taskqueue.schedules`.
+        checked here, when the module is imported.  See `sa_taskqueue.features.schedules`.
         """
         schedule = Schedule.of(cron, every, tz)
         register = self.task(
@@ -353,7 +354,7 @@ class TaskQueue:
 
         Workers call it on their own at every slot and every poll interval;
         a cron job or a test may call it too.  However many processes call it
-        at once, each slot is enqueued once (see `sa_taskqueue.schedules`).
+        at once, each slot is enqueued once (see `sa_taskqueue.features.schedules`).
         """
         return enqueue_due(self, self.periodic_tasks)
 
@@ -420,7 +421,7 @@ class TaskQueue:
         With a ``unique_key`` (or one derived from the task's ``unique_by``),
         while a task of this name and key is queued or running nothing is
         written and that task is returned, loaded in ``session``
-        (`sa_taskqueue.unique`).
+        (`sa_taskqueue.features.unique`).
         """
         values = self._task_values(name, params, queue, priority, run_at, max_attempts, unique_key)
         if _is_async_session(session):
@@ -436,7 +437,7 @@ class TaskQueue:
         # The mixin declares no constructor; the mapped subclass gets the declarative one.
         task = cast("Callable[..., TaskMixin]", self.model)(**values)
         session.add(task)
-        session.flush()  # which checks the row again and sends its NOTIFY (sa_taskqueue.session_events)
+        session.flush()  # which checks the row again and sends its NOTIFY (sa_taskqueue.core.session_events)
         return task
 
     @overload
@@ -487,7 +488,7 @@ class TaskQueue:
         One multi-row INSERT per ``chunk_size`` tasks, without ORM objects;
         on PostgreSQL with psycopg 3, from ``bulk_insert.COPY_THRESHOLD``
         tasks, one ``COPY`` for them all, which SQLAlchemy's cursor events do
-        not see (see `sa_taskqueue.bulk_insert`).
+        not see (see `sa_taskqueue.core.bulk_insert`).
         Every argument is checked before the first row is sent.  Returns the
         new ids in order, or None where the database cannot return them from
         a multi-row INSERT (MySQL).  With an `AsyncSession` it returns a
@@ -1090,7 +1091,7 @@ class TaskQueue:
         On PostgreSQL a notification sent when the task finishes wakes the
         wait at once, and the row is read again every ``poll_interval``
         seconds in case one is lost; elsewhere the reads back off from a few
-        milliseconds up to ``poll_interval`` (`sa_taskqueue.results`).
+        milliseconds up to ``poll_interval`` (`sa_taskqueue.features.results`).
         """
         validation.check_task_id(task_id)
         seconds = wait_seconds(timeout)
@@ -1221,7 +1222,7 @@ class TaskQueue:
         ``options`` are the rest of `Worker`'s arguments (``isolation``,
         ``shutdown_timeout``, ``on_start``, ...).
         """
-        from sa_taskqueue.worker import Worker
+        from sa_taskqueue.worker.worker import Worker
 
         worker = Worker(
             self, concurrency=concurrency, queues=queues, burst=burst, poll_interval=poll_interval, **options
@@ -1252,7 +1253,7 @@ class TaskQueue:
         (with ``burst``, once nothing is due).  Signals are left to the
         application.  ``options`` are the rest of `Worker`'s arguments.
         """
-        from sa_taskqueue.worker import Worker
+        from sa_taskqueue.worker.worker import Worker
 
         loop = asyncio.get_running_loop()
         options.setdefault("event_loop", loop)
@@ -1333,7 +1334,7 @@ class TaskQueue:
         return self._bridge.loop()
 
     def check_footing(self, *, listen: bool = True) -> FootingReport:
-        """The self-test a worker runs at start (`sa_taskqueue.footing`), for ``doctor`` and monitoring.
+        """The self-test a worker runs at start (`health.self_test`), for ``doctor`` and monitoring.
 
         Proves on two connections of its own that what the strategy relies on
         holds through this engine's URL (SKIP LOCKED honoured, advisory locks

@@ -24,7 +24,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 import sa_taskqueue as tq
-from sa_taskqueue.types import utcnow
+from sa_taskqueue.core.types import utcnow
 from tests.helpers import wait_until
 
 

@@ -17,8 +17,8 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 import sa_taskqueue as tq
-from sa_taskqueue.notify import channel_name
-from sa_taskqueue.types import utcnow
+from sa_taskqueue.core.notify import channel_name
+from sa_taskqueue.core.types import utcnow
 from tests.backends import Backend
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -11,7 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.pool import NullPool
 
 import sa_taskqueue as tq
-from sa_taskqueue.bulk_insert import COPY_THRESHOLD
+from sa_taskqueue.core.bulk_insert import COPY_THRESHOLD
 from tests.backends import ASYNC_DRIVERS, Backend, async_url
 
 pytestmark = pytest.mark.async_path

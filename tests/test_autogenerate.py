@@ -2,7 +2,7 @@
 
 Each test writes a small Alembic project into a temporary directory (an
 ``alembic.ini``, an ``env.py`` that sets ``target_metadata`` and passes
-``render_item=sa_taskqueue.alembic.render_item``, and a models module mapping
+``render_item=sa_taskqueue.integrations.alembic.render_item``, and a models module mapping
 `TaskMixin` on the application's own Base beside a table of its own), then
 runs the real ``alembic`` command line against the suite's database: the
 first autogenerate writes a revision, ``upgrade head`` applies it, a queue
@@ -36,8 +36,8 @@ from sqlalchemy.dialects import mysql, oracle, postgresql
 from sqlalchemy.orm import Session
 
 import sa_taskqueue as tq
-from sa_taskqueue import migrate
-from sa_taskqueue.alembic import OUR_TYPES, include_object, physical_type_source, render_item
+from sa_taskqueue.core import migrate
+from sa_taskqueue.integrations.alembic import OUR_TYPES, include_object, physical_type_source, render_item
 from tests.backends import Backend
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,8 +50,8 @@ PREFIX = "autogen_"
 #: library's own history (``sa_taskqueue_alembic_version``) must not share.
 APP_VERSION_TABLE = "alembic_version"
 
-HOOK = "render_item=sa_taskqueue.alembic.render_item"
-FILTER = "include_object=sa_taskqueue.alembic.include_object"
+HOOK = "render_item=sa_taskqueue.integrations.alembic.render_item"
+FILTER = "include_object=sa_taskqueue.integrations.alembic.include_object"
 
 MODELS = '''\
 """The application's models: its own Base, a task table on it, and a table of its own."""
@@ -60,8 +60,6 @@ import sqlalchemy as sa
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from sa_taskqueue import TaskMixin
-
-
 class Base(DeclarativeBase):
     pass
 
@@ -83,7 +81,7 @@ ENV = '''\
 from alembic import context
 from sqlalchemy import engine_from_config, pool
 
-import sa_taskqueue.alembic
+import sa_taskqueue.integrations.alembic
 from models import Base
 
 config = context.config
@@ -472,7 +470,7 @@ def test_without_the_hook_the_revision_cannot_run(
     project.write()
 
     first = project.autogenerate("jobs and customers").read_text()
-    assert "sa_taskqueue.types.UTCDateTime(timezone=True)" in first
+    assert "sa_taskqueue.core.types.UTCDateTime(timezone=True)" in first
     assert "import sa_taskqueue" not in first
 
     failed = project.alembic("upgrade", "head", check=False)

@@ -22,10 +22,10 @@ from sqlalchemy.schema import CreateTable
 import sa_taskqueue as tq
 from sa_taskqueue.backends import Backend, MySQLBackend, backend_for
 from sa_taskqueue.backends.oracle import FETCH_ROWS_OPTION, size_fetch
+from sa_taskqueue.core.types import JSONDocument, LongText, UTCDateTime
 from sa_taskqueue.strategies.claiming import ClaimRequest
 from sa_taskqueue.strategies.lease import complete_many_statement
 from sa_taskqueue.strategies.skip_locked import SkipLockedStrategy, claimed_id_params, mark_claimed
-from sa_taskqueue.types import JSONDocument, LongText, UTCDateTime
 
 TABLE = tq.Task.__table__
 NOW = datetime(2030, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)

@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import DeclarativeBase, Session
 
 import sa_taskqueue as tq
-from sa_taskqueue.bulk_insert import COPY_THRESHOLD
+from sa_taskqueue.core.bulk_insert import COPY_THRESHOLD
 from tests.backends import Backend
 from tests.helpers import listening, received
 

@@ -21,7 +21,7 @@ from click.testing import CliRunner, Result
 from sqlalchemy.orm import Session
 
 import sa_taskqueue as tq
-from sa_taskqueue.cli import cli
+from sa_taskqueue.cli.main import cli
 from tests.backends import Backend
 from tests.helpers import run_cli, task_rows
 from tests.own_table import Job, JobBase

@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from click.testing import CliRunner
 
 import sa_taskqueue
-from sa_taskqueue.cli import cli, worker
+from sa_taskqueue.cli.main import cli, worker
 from tests.backends import Backend
 
 pytestmark = pytest.mark.backends("sqlite")  # nothing here needs a database server

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from sa_taskqueue.claimed import ClaimedTask
-from sa_taskqueue.completions import Completions
+from sa_taskqueue.core.claimed import ClaimedTask
+from sa_taskqueue.worker.completions import Completions
 from tests.helpers import wait_until
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 import sa_taskqueue as tq
 from sa_taskqueue.backends import backend_for
-from sa_taskqueue.model import CONCURRENCY_KEY_LENGTH
+from sa_taskqueue.core.model import CONCURRENCY_KEY_LENGTH
 from sa_taskqueue.strategies.claiming import ClaimRequest
 from sa_taskqueue.strategies.limited import candidates_query, take_statement
 from sa_taskqueue.strategies.skip_locked import SkipLockedStrategy

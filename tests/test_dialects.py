@@ -19,7 +19,7 @@ from sqlalchemy.schema import CreateIndex, CreateTable
 
 import sa_taskqueue as tq
 from sa_taskqueue.backends import backend_for
-from sa_taskqueue.explain import explain
+from sa_taskqueue.health.explain import explain
 from sa_taskqueue.strategies import registry
 from sa_taskqueue.strategies.claiming import ClaimRequest
 from sa_taskqueue.strategies.conditional import ConditionalUpdateStrategy

@@ -22,7 +22,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 import sa_taskqueue as tq
-from sa_taskqueue.limits import EARLIEST_RUN_AT, LATEST_RUN_AT, MAX_PARAMS_DEPTH
+from sa_taskqueue.core.limits import EARLIEST_RUN_AT, LATEST_RUN_AT, MAX_PARAMS_DEPTH
 from tests.app import Execution
 from tests.backends import Backend
 from tests.helpers import run_cli, task_row, task_rows

@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 import sa_taskqueue as tq
-from sa_taskqueue.error_text import MAX_ERROR_LENGTH, bounded_text, format_error
+from sa_taskqueue.core.error_text import MAX_ERROR_LENGTH, bounded_text, format_error
 from tests.helpers import task_row
 
 BIG = 50_000_000

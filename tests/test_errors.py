@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import DeclarativeBase, Session
 
 import sa_taskqueue as tq
-from sa_taskqueue.exceptions import translate_database_errors
+from sa_taskqueue.core.exceptions import translate_database_errors
 from tests.backends import Backend
 
 TABLE = tq.Task.__table__

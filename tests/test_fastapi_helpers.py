@@ -1,4 +1,4 @@
-"""sa_taskqueue.fastapi on the backend under test: a transaction per request that ends before the response.
+"""The FastAPI helpers on the backend under test: a transaction per request that ends before the response.
 
 A small app of the test's own, driven through Starlette's TestClient, with
 a table whose key is unique: a commit that fails must reach the client as an
@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_async_engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
 
-from sa_taskqueue.fastapi import session_dependency
+from sa_taskqueue.integrations.fastapi import session_dependency
 from tests.async_drivers import async_url
 from tests.backends import Backend
 

@@ -1,4 +1,4 @@
-"""sa_taskqueue.fastapi's worker in the app's event loop, on the backend under test.
+"""sa_taskqueue.integrations.fastapi's worker in the app's event loop, on the backend under test.
 
 `running_worker` must run tasks while its block runs, stop the worker when
 the block ends, and not let a worker that failed go unnoticed.
@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 import sa_taskqueue as tq
-from sa_taskqueue.fastapi import running_worker
+from sa_taskqueue.integrations.fastapi import running_worker
 from tests.async_drivers import async_url
 from tests.backends import Backend
 

@@ -1,4 +1,4 @@
-"""sa_taskqueue.flask's own promises, apart from the example: one queue per app, set up in the right order."""
+"""The Flask extension's own promises, apart from the example: one queue per app, set up in order."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from flask import Flask, current_app
 from flask_sqlalchemy import SQLAlchemy
 
 import sa_taskqueue as tq
-from sa_taskqueue.flask import TaskQueueExtension, extension_of
+from sa_taskqueue.integrations.flask import TaskQueueExtension, extension_of
 
 
 def make_app(tmp_path: Path, name: str = "shop") -> tuple[Flask, SQLAlchemy]:

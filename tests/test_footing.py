@@ -18,10 +18,10 @@ import pytest
 import sqlalchemy as sa
 
 import sa_taskqueue as tq
-from sa_taskqueue.exceptions import FootingError
-from sa_taskqueue.footing import PROBE_KIND, TRANSACTION_POOLING, FootingReport
-from sa_taskqueue.notify import can_listen
-from sa_taskqueue.worker import Worker
+from sa_taskqueue.core.exceptions import FootingError
+from sa_taskqueue.core.notify import can_listen
+from sa_taskqueue.health.self_test import PROBE_KIND, TRANSACTION_POOLING, FootingReport
+from sa_taskqueue.worker.worker import Worker
 from tests.app import ASYNC_DRIVER_VARIABLE, make_engine
 from tests.backends import Backend
 from tests.helpers import run_cli
@@ -241,8 +241,8 @@ def test_doctor_on_a_plain_server_passes(backend: Backend, engine: sa.Engine) ->
 )
 def test_the_probe_locks_with_skip_locked_and_asks_for_the_session(dialect: sa.Dialect, session: str) -> None:
     from sa_taskqueue.backends import backend_for
-    from sa_taskqueue.control import control_table_of
-    from sa_taskqueue.footing import _Probe
+    from sa_taskqueue.core.control import control_table_of
+    from sa_taskqueue.health.self_test import _Probe
     from sa_taskqueue.strategies import SkipLockedStrategy
 
     probe = _Probe(control_table_of(tq.Task.__table__), "probe-x")  # type: ignore[arg-type]

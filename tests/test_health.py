@@ -21,7 +21,7 @@ from click.testing import CliRunner, Result
 from sqlalchemy.orm import DeclarativeBase
 
 import sa_taskqueue as tq
-from sa_taskqueue.cli import cli
+from sa_taskqueue.cli.main import cli
 from sa_taskqueue.health import HealthThresholds, TableHealth, health_lines
 from tests.app import queue_bind
 from tests.backends import Backend

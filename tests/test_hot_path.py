@@ -20,8 +20,8 @@ from sqlalchemy.orm import Session
 
 import sa_taskqueue as tq
 from sa_taskqueue.backends import backend_for
-from sa_taskqueue.executor import StatementExecutor
-from sa_taskqueue.kept_connection import KEEP
+from sa_taskqueue.strategies.executor import StatementExecutor
+from sa_taskqueue.strategies.kept_connection import KEEP
 from tests.app import make_queue
 from tests.backends import Backend
 from tests.helpers import enqueue_records as enqueue
@@ -288,7 +288,7 @@ def test_oracle_statements_run_as_constructs_for_their_input_sizes() -> None:
     # never match on Oracle.
     from sqlalchemy.dialects import oracle, postgresql
 
-    from sa_taskqueue.prepared import PreparedStatement
+    from sa_taskqueue.strategies.prepared import PreparedStatement
 
     update = sa.update(TABLE).where(TABLE.c.id == sa.bindparam("x")).values(locked_until=None)
     assert PreparedStatement(update, oracle.dialect(), TABLE).direct is False

@@ -35,8 +35,8 @@ from alembic.script import ScriptDirectory
 from sqlalchemy.dialects import mysql
 
 import sa_taskqueue
-from sa_taskqueue import migrate
-from sa_taskqueue.model import FINISHED_STATUSES, TaskStatus
+from sa_taskqueue.core import migrate
+from sa_taskqueue.core.model import FINISHED_STATUSES, TaskStatus
 from tests.backends import Backend
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

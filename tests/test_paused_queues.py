@@ -15,9 +15,9 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
 import sa_taskqueue as tq
-from sa_taskqueue import worker as worker_module
+from sa_taskqueue.core.types import utcnow
 from sa_taskqueue.strategies.claiming import ClaimRequest, due_clause
-from sa_taskqueue.types import utcnow
+from sa_taskqueue.worker import worker as worker_module
 from tests.app import executions, make_queue
 from tests.backends import Backend
 from tests.helpers import ROOT, enqueue_one, run_cli, start_cli, wait_until

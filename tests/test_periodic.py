@@ -20,9 +20,9 @@ import sqlalchemy as sa
 from click.testing import CliRunner
 
 import sa_taskqueue as tq
-from sa_taskqueue.cli import cli
-from sa_taskqueue.control import SCHEDULE, control_table_of
-from sa_taskqueue.schedules import Schedule, advance_statement
+from sa_taskqueue.cli.main import cli
+from sa_taskqueue.core.control import SCHEDULE, control_table_of
+from sa_taskqueue.features.schedules import Schedule, advance_statement
 from tests.backends import Backend
 from tests.helpers import MovableClock, start_cli, task_rows, wait_until
 from tests.periodic_app import CRON_5, EVERY_5, executions, register_five_minutes, tick_rounds

@@ -18,8 +18,8 @@ import pytest
 import sqlalchemy as sa
 
 import sa_taskqueue as tq
-from sa_taskqueue.finished import finished_channel_name
-from sa_taskqueue.notify import can_listen
+from sa_taskqueue.core.finished import finished_channel_name
+from sa_taskqueue.core.notify import can_listen
 from tests.backends import Backend
 from tests.helpers import ROOT, cli_env, enqueue_one, listening, wait_until
 

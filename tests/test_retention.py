@@ -17,8 +17,8 @@ from sqlalchemy.dialects import mysql, oracle, postgresql
 from sqlalchemy.orm import Session
 
 import sa_taskqueue as tq
-from sa_taskqueue import retention
-from sa_taskqueue.types import utcnow
+from sa_taskqueue.core.types import utcnow
+from sa_taskqueue.features import retention
 from tests.app import make_queue
 from tests.backends import Backend
 from tests.helpers import ROOT, MovableClock, wait_until
@@ -189,9 +189,9 @@ import json, sys, time
 from pathlib import Path
 import sqlalchemy as sa
 import sa_taskqueue as tq
-from sa_taskqueue import retention
-from sa_taskqueue.control import control_table_of
-from sa_taskqueue.types import utcnow
+from sa_taskqueue.features import retention
+from sa_taskqueue.core.control import control_table_of
+from sa_taskqueue.core.types import utcnow
 
 engine = sa.create_engine(sys.argv[1])
 holder = sys.argv[3]

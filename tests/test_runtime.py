@@ -17,8 +17,8 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 import sa_taskqueue as tq
-from sa_taskqueue import notify
-from sa_taskqueue import worker as worker_module
+from sa_taskqueue.core import notify
+from sa_taskqueue.worker import worker as worker_module
 from tests.app import executions
 from tests.backends import Backend, reachable
 from tests.helpers import (

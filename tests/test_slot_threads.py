@@ -15,7 +15,7 @@ import threading
 
 import pytest
 
-from sa_taskqueue.slot_threads import IDLE_CHECK, SlotThreads
+from sa_taskqueue.worker.slot_threads import IDLE_CHECK, SlotThreads
 from tests.helpers import wait_until
 
 
@@ -98,7 +98,7 @@ def _exit_with(body: str) -> subprocess.CompletedProcess[str]:
     script = textwrap.dedent(
         """
         import threading, time
-        from sa_taskqueue.slot_threads import SlotThreads
+        from sa_taskqueue.worker.slot_threads import SlotThreads
         """
     ) + textwrap.dedent(body)
     return subprocess.run(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sa_taskqueue.task_rows import TaskRows
+from sa_taskqueue.core.task_rows import TaskRows
 
 
 def rows_and_dicts() -> tuple[TaskRows, list[dict[str, object]]]:

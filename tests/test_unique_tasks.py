@@ -28,8 +28,8 @@ from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
 import sa_taskqueue as tq
-from sa_taskqueue import unique
 from sa_taskqueue.backends import backend_for
+from sa_taskqueue.features import unique
 from tests.app import Execution, make_queue
 from tests.backends import ASYNC_DRIVERS, Backend, async_url
 from tests.helpers import listening, received, run_cli, task_rows, wait_until
@@ -602,7 +602,7 @@ def test_only_a_duplicate_in_the_unique_key_index_counts_as_a_clash() -> None:
 def test_a_retry_leaves_a_task_whose_key_another_holds_failed(
     engine: sa.Engine, default_queue: tq.TaskQueue
 ) -> None:
-    from sa_taskqueue.admin import Admin
+    from sa_taskqueue.features.admin import Admin
 
     def failed(key: str, n: int) -> int:
         with Session(engine) as session:

@@ -319,7 +319,7 @@ def test_a_worker_idle_after_its_tasks_outlives_their_leases(
 
 ARMED_TWICE = """
 import sys, time
-from sa_taskqueue.watchdog import Watchdog
+from sa_taskqueue.worker.watchdog import Watchdog
 
 watchdog = Watchdog(lambda error: None)
 now = time.monotonic()
@@ -370,7 +370,7 @@ def test_the_watchdog_process_starts_on_the_few_standard_modules_it_uses() -> No
     # Every worker starts one, on cores the workers share: the worker's side
     # of the watchdog (subprocess, threading) and the library stay out of it,
     # and it runs as it is started, with no site-packages (-I -S).
-    from sa_taskqueue import watchdog_process
+    from sa_taskqueue.worker import watchdog_process
 
     loaded = subprocess.run(
         [sys.executable, "-I", "-S", "-c", WATCHDOG_IMPORTS, watchdog_process.__file__],

@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 import sa_taskqueue as tq
-from sa_taskqueue import worker as worker_module
+from sa_taskqueue.worker import worker as worker_module
 from tests.app import executions, make_queue
 from tests.backends import Backend
 from tests.helpers import MovableClock, statements_sent, task_row, wait_until

@@ -24,7 +24,6 @@ from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
-
 from sa_taskqueue.types import JSONDocument, LongText, UTCDateTime
 
 # revision identifiers, used by Alembic.

@@ -32,7 +32,6 @@ from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
-
 from sa_taskqueue.model import IndexableComputed
 from sa_taskqueue.types import UTCDateTime
 

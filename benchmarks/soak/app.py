@@ -20,8 +20,8 @@ import sqlalchemy as sa
 import sa_taskqueue as tq
 from benchmarks.soak.environment import LEASE_ENV, LOG_ENV, URL_ENV
 from benchmarks.soak.events import append, end_event, open_log, ready_event, start_event
-from sa_taskqueue.claimed import ClaimedTask
-from sa_taskqueue.worker import Worker
+from sa_taskqueue.core.claimed import ClaimedTask
+from sa_taskqueue.worker.worker import Worker
 
 #: The worker process; in a forked child (process isolation) os.getpid() differs.
 WORKER_PID = os.getpid()

@@ -33,7 +33,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_asyn
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 import sa_taskqueue as tq
-from sa_taskqueue.fastapi import running_worker, session_dependency
+from sa_taskqueue.integrations.fastapi import running_worker, session_dependency
 
 #: The most of one item one order may hold; a larger order is refused after its rows were written.
 MAX_QUANTITY = 10

@@ -32,7 +32,7 @@ from sqlalchemy import ForeignKey, String, func, select
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 import sa_taskqueue as tq
-from sa_taskqueue.flask import TaskQueueExtension
+from sa_taskqueue.integrations.flask import TaskQueueExtension
 
 #: The most of one item one order may hold; a larger order is refused after its rows were written.
 MAX_QUANTITY = 10

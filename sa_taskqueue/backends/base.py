@@ -221,7 +221,7 @@ class Backend:
         """A call that releases lock ``key`` of ``namespace``."""
         raise NotImplementedError(f"{self.label} has no advisory locks")
 
-    # Footing (the self-test, `sa_taskqueue.footing`) ---------------------------------
+    # Footing (the self-test, `sa_taskqueue.health.self_test`) ---------------------------------
 
     def session_id(self) -> ColumnElement[Any] | None:
         """A call naming the server session a statement runs in; None where there is none to ask.

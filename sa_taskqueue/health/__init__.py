@@ -34,7 +34,7 @@ from datetime import datetime
 from sqlalchemy import Connection, Engine, Table, inspect
 
 from sa_taskqueue.backends import backend_for
-from sa_taskqueue.exceptions import SchemaMissing
+from sa_taskqueue.core.exceptions import SchemaMissing
 from sa_taskqueue.health import mysql, postgresql, sqlite
 from sa_taskqueue.health.figures import Finding, OpenTransaction, TableHealth
 from sa_taskqueue.health.lines import health_lines

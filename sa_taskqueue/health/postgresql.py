@@ -17,7 +17,7 @@ from typing import Any
 
 from sqlalchemy import Connection, String, Table, bindparam, text
 
-from sa_taskqueue.exceptions import SchemaMissing
+from sa_taskqueue.core.exceptions import SchemaMissing
 from sa_taskqueue.health.figures import Finding, OpenTransaction, TableHealth
 from sa_taskqueue.health.judge import (
     QUERY_PREFIX,

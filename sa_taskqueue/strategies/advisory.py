@@ -35,9 +35,9 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import DBAPIError
 
 from sa_taskqueue.backends import backend_for
-from sa_taskqueue.claimed import ClaimedTask, ClaimKey
-from sa_taskqueue.finished import notify_finished
-from sa_taskqueue.model import TaskStatus, has_status
+from sa_taskqueue.core.claimed import ClaimedTask, ClaimKey
+from sa_taskqueue.core.finished import notify_finished
+from sa_taskqueue.core.model import TaskStatus, has_status
 from sa_taskqueue.strategies.base import ClaimStrategy
 from sa_taskqueue.strategies.claiming import ClaimRequest, claimed_values, due_clause, due_select, whole_row
 from sa_taskqueue.strategies.lease import orphan_values, same_claim

@@ -17,9 +17,9 @@ from typing import Any, ClassVar
 from sqlalchemy import Engine, Select, Table
 from sqlalchemy.engine import Dialect
 
-from sa_taskqueue.claimed import ClaimedTask
-from sa_taskqueue.executor import StatementExecutor
+from sa_taskqueue.core.claimed import ClaimedTask
 from sa_taskqueue.strategies.claiming import ClaimRequest, due_select, limit_param
+from sa_taskqueue.strategies.executor import StatementExecutor
 from sa_taskqueue.strategies.lease import LeaseWrites
 from sa_taskqueue.strategies.limited import Limits, candidate_window, claim_limited
 

@@ -15,8 +15,8 @@ from typing import Any
 
 from sqlalchemy import BindParameter, ColumnElement, Integer, Select, Table, and_, bindparam, select
 
-from sa_taskqueue.claimed_params import params_as_text
-from sa_taskqueue.model import TaskStatus, has_status
+from sa_taskqueue.core.claimed_params import params_as_text
+from sa_taskqueue.core.model import TaskStatus, has_status
 
 # The claim's parameters (not column names: those are taken by the SET clause's own).
 LIMIT = "claim_limit"
@@ -35,7 +35,7 @@ class ClaimRequest:
     ``names``, when given, restricts the claim to tasks of those names: a
     worker takes only what it has functions for, and leaves a newer
     release's tasks queued for the workers that know them.  ``paused``,
-    when given, leaves out the tasks of those queues (`sa_taskqueue.pausing`):
+    when given, leaves out the tasks of those queues (`sa_taskqueue.features.pausing`):
     a claim of every queue while some are paused.  None, the usual case,
     keeps the claim's SQL as it is without pauses.
     """

@@ -26,7 +26,7 @@ from typing import Any
 
 from sqlalchemy import Table, select, true
 
-from sa_taskqueue.finished import announcing
+from sa_taskqueue.core.finished import announcing
 from sa_taskqueue.strategies.held_arrays import complete_from_arrays_statement
 
 #: The column holding the ids the statement completed, comma-separated.

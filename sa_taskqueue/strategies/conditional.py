@@ -16,7 +16,7 @@ from sqlalchemy import Engine, Table, bindparam, update
 from sqlalchemy.engine import Dialect
 
 from sa_taskqueue.backends import backend_for
-from sa_taskqueue.claimed import ClaimedTask
+from sa_taskqueue.core.claimed import ClaimedTask
 from sa_taskqueue.strategies.base import ClaimStrategy
 from sa_taskqueue.strategies.claiming import (
     ClaimRequest,

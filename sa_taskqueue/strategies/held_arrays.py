@@ -28,8 +28,8 @@ from sqlalchemy import BigInteger, Integer, String, Table, Text, any_, bindparam
 from sqlalchemy.dialects.postgresql import ARRAY, JSON
 from sqlalchemy.engine import Dialect
 
-from sa_taskqueue.model import TaskStatus, has_status
-from sa_taskqueue.types import UTCDateTime
+from sa_taskqueue.core.model import TaskStatus, has_status
+from sa_taskqueue.core.types import UTCDateTime
 
 #: The ids, as an array: what the plan finds the rows by.
 HELD_IDS = "held_ids"

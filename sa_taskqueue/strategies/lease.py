@@ -33,14 +33,14 @@ from sqlalchemy import (
 )
 
 from sa_taskqueue.backends import backend_for
-from sa_taskqueue.claimed import ClaimedTask
-from sa_taskqueue.finished import announced_ids, announcing, notify_finished
-from sa_taskqueue.model import FINISHED_STATUSES, TaskStatus, has_status
+from sa_taskqueue.core.claimed import ClaimedTask
+from sa_taskqueue.core.finished import announced_ids, announcing, notify_finished
+from sa_taskqueue.core.model import FINISHED_STATUSES, TaskStatus, has_status
+from sa_taskqueue.core.types import UTCDateTime
 from sa_taskqueue.strategies.held_arrays import complete_from_arrays_statement, held_claims
-from sa_taskqueue.types import UTCDateTime
 
 if TYPE_CHECKING:
-    from sa_taskqueue.executor import StatementExecutor
+    from sa_taskqueue.strategies.executor import StatementExecutor
 
 LEASE_EXPIRED_ERROR = "lease expired: the worker holding this task stopped renewing it (crashed or lost)"
 
@@ -98,7 +98,7 @@ class LeaseWrites:
 
         A final status (completed, failed) is announced on the finished
         channel where the database has one, in the same statement
-        (`sa_taskqueue.finished.announcing`), so that a caller waiting for
+        (`sa_taskqueue.core.finished.announcing`), so that a caller waiting for
         the result wakes when it commits.
         """
         params = held_params(task, now)

@@ -15,7 +15,7 @@ from sqlalchemy.engine import Dialect
 
 from sa_taskqueue.backends import ANY_DIALECT, backend_for
 from sa_taskqueue.backends.mysql import MARIADB_SKIP_LOCKED_SINCE, MYSQL_SKIP_LOCKED_SINCE
-from sa_taskqueue.exceptions import StrategyError
+from sa_taskqueue.core.exceptions import StrategyError
 from sa_taskqueue.strategies.advisory import AdvisoryLockStrategy
 from sa_taskqueue.strategies.base import ClaimStrategy
 from sa_taskqueue.strategies.conditional import ConditionalUpdateStrategy

@@ -21,9 +21,9 @@ from sqlalchemy.engine import Dialect
 
 from sa_taskqueue.backends import backend_for
 from sa_taskqueue.backends.oracle import FETCH_ROWS_OPTION
-from sa_taskqueue.claimed import ClaimedTask
-from sa_taskqueue.exceptions import StrategyError
-from sa_taskqueue.finished import announced_ids
+from sa_taskqueue.core.claimed import ClaimedTask
+from sa_taskqueue.core.exceptions import StrategyError
+from sa_taskqueue.core.finished import announced_ids
 from sa_taskqueue.strategies.base import ClaimStrategy
 from sa_taskqueue.strategies.claiming import (
     ClaimRequest,
@@ -276,6 +276,6 @@ def skipping_locked(query: Select[Any]) -> Select[Any]:
     """``query`` locking the rows it returns and skipping those another transaction has locked.
 
     Every locking read of this strategy goes through here, and so does the
-    self-test's (`sa_taskqueue.footing`): what the claim sends is what is proven.
+    self-test's (`sa_taskqueue.health.self_test`): what the claim sends is what is proven.
     """
     return query.with_for_update(skip_locked=True)

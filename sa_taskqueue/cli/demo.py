@@ -1,0 +1,124 @@
+"""The demo: a few hundred tasks drained by several worker processes on a SQLite file.
+
+It uses tables of its own (``sa_taskqueue_demo_task`` and ``sa_taskqueue_demo_run``),
+so pointing it at a real database never touches the application's queue.
+Each task records its run in its own transaction; the summary counts those
+records to show every task ran exactly once.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+
+import sqlalchemy as sa
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+
+from sa_taskqueue.core.model import TaskMixin, TaskStatus
+from sa_taskqueue.queue import TaskQueue
+
+DEFAULT_URL = "sqlite:///sa_taskqueue_demo.db"
+
+
+class DemoBase(DeclarativeBase):
+    pass
+
+
+class DemoTask(TaskMixin, DemoBase):
+    __tablename__ = "sa_taskqueue_demo_task"
+
+
+class DemoRun(DemoBase):
+    """One execution of a demo task, written by the task itself."""
+
+    __tablename__ = "sa_taskqueue_demo_run"
+
+    id: Mapped[int] = mapped_column(sa.Identity(), primary_key=True)
+    task_n: Mapped[int]
+    worker_pid: Mapped[int]
+
+
+def demo_queue(engine: sa.Engine) -> TaskQueue:
+    """The demo's queue, with its one task registered."""
+    queue = TaskQueue(engine, model=DemoTask, lease=timedelta(seconds=30))
+
+    @queue.task(name="demo.square")
+    def square(n: int) -> int:
+        with Session(engine) as session:
+            session.add(DemoRun(task_n=n, worker_pid=os.getpid()))
+            session.commit()
+        return n * n
+
+    return queue
+
+
+def _worker_process(url: str) -> None:
+    engine = sa.create_engine(url)
+    queue = demo_queue(engine)
+    queue.run_worker(concurrency=2, burst=True, poll_interval=0.05)
+    queue.close()
+    engine.dispose()
+
+
+@dataclass
+class DemoSummary:
+    tasks: int
+    workers: int
+    seconds: float
+    runs_per_task: Counter[int]
+    runs_per_worker: Counter[int]
+    statuses: Counter[str]
+
+    @property
+    def exactly_once(self) -> bool:
+        return set(self.runs_per_task) == set(range(self.tasks)) and set(self.runs_per_task.values()) == {1}
+
+
+def run_demo(
+    url: str, tasks: int, workers: int, progress: Callable[[int], None] | None = None
+) -> DemoSummary:
+    """Create the demo tables, enqueue ``tasks`` tasks, drain them with ``workers`` processes."""
+    engine = sa.create_engine(url)
+    DemoBase.metadata.drop_all(engine)
+    DemoBase.metadata.create_all(engine)
+    queue = demo_queue(engine)
+    with Session(engine) as session:
+        queue.enqueue_many(session, "demo.square", ({"n": n} for n in range(tasks)))
+        session.commit()
+    queue.strategy  # noqa: B018 - resolve (and set up SQLite's WAL) before the workers start
+    context = multiprocessing.get_context("spawn")
+    processes = [context.Process(target=_worker_process, args=(url,)) for _ in range(workers)]
+    started = time.perf_counter()
+    for process in processes:
+        process.start()
+    while any(process.is_alive() for process in processes):
+        if progress is not None:
+            progress(_count_runs(engine))
+        time.sleep(0.2)
+    seconds = time.perf_counter() - started
+    for process in processes:
+        process.join()
+    if progress is not None:
+        progress(_count_runs(engine))
+    with engine.connect() as conn:
+        runs = conn.execute(sa.select(DemoRun.task_n, DemoRun.worker_pid)).all()
+        statuses = conn.execute(sa.select(DemoTask.status, sa.func.count()).group_by(DemoTask.status)).all()
+    engine.dispose()
+    return DemoSummary(
+        tasks=tasks,
+        workers=workers,
+        seconds=seconds,
+        runs_per_task=Counter(n for n, _ in runs),
+        runs_per_worker=Counter(pid for _, pid in runs),
+        statuses=Counter({TaskStatus(status).value: count for status, count in statuses}),
+    )
+
+
+def _count_runs(engine: sa.Engine) -> int:
+    with engine.connect() as conn:
+        return conn.scalar(sa.select(sa.func.count()).select_from(DemoRun)) or 0

@@ -1,0 +1,55 @@
+"""What is stored as a task's ``last_error``, and what the worker logs of an error: storable and bounded.
+
+A task can raise anything: a message with a NUL in it (which PostgreSQL
+refuses to store), or one of 50 MB.  Recording the failure must not fail
+because of it, nor fill the table and the logs, so every error text is made
+storable (`make_storable`) and cut to at most `MAX_ERROR_LENGTH` characters.
+The head says what went wrong and the tail where, so both are kept around a
+marker saying how much was cut.
+"""
+
+from __future__ import annotations
+
+import traceback
+
+from sa_taskqueue.core.storable_text import make_storable
+
+#: Longest ``last_error`` stored, and longest error text a worker's log line carries, in characters.
+MAX_ERROR_LENGTH = 64 * 1024
+
+#: Room the worker's failure log line keeps for its own words (task id, name, attempt, duration).
+LOG_LINE_ROOM = 1024
+
+_MARKER = "\n... [{cut:,} characters cut] ...\n"
+
+
+def bounded_text(text: str, limit: int = MAX_ERROR_LENGTH) -> str:
+    """``text`` made storable and, when longer than ``limit``, cut in the middle to at most ``limit``."""
+    text = make_storable(text)
+    if len(text) <= limit:
+        return text
+    # The marker's length depends on the count it shows, which is less than len(text).
+    keep = limit - len(_MARKER.format(cut=len(text)))
+    head = keep // 2
+    tail = keep - head
+    marker = _MARKER.format(cut=len(text) - keep)
+    return f"{text[:head]}{marker}{text[len(text) - tail :]}"
+
+
+def format_error(error: BaseException | str) -> str:
+    """The exception's type, message and traceback (or the text given), storable and bounded."""
+    text = "".join(traceback.format_exception(error)) if isinstance(error, BaseException) else str(error)
+    return bounded_text(text)
+
+
+def error_message(error: BaseException) -> str:
+    """The exception's message for a log line: storable, and short enough for the line to stay within
+    `MAX_ERROR_LENGTH`."""
+    try:
+        text = str(error)
+    except Exception:  # noqa: BLE001 - a broken __str__ must not hide the failure it reports
+        text = f"<{type(error).__name__}: str() failed>"
+    return bounded_text(text, MAX_ERROR_LENGTH - LOG_LINE_ROOM)
+
+
+__all__ = ["LOG_LINE_ROOM", "MAX_ERROR_LENGTH", "bounded_text", "error_message", "format_error"]

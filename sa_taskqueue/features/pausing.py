@@ -1,0 +1,114 @@
+"""Paused queues: stored in the control table, honoured by every claim.
+
+A pause is a row ``("queue", <queue>)`` of the control table with
+``paused_at`` set; a resume clears it.  Both commit at once in a short
+transaction of their own, and on PostgreSQL send a notification on the
+table's control channel (`sa_taskqueue.core.notify.control_channel_name`) at
+commit, so that listening workers re-read the paused queues at once rather
+than at their next poll.
+
+Workers do not read the control table on every claim: each queue object
+keeps the set it read last (`PausedQueues`) and reads it again when it is
+older than its maximum age (a worker lowers that to its poll interval), or
+as soon as a notification says it changed.  A claim then leaves the paused
+queues out, in the SQL only when there are any: with no queue paused the
+claim's statement is the one it always was.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime
+
+from sqlalchemy import Engine, Table, func, select, update
+
+from sa_taskqueue.backends import backend_for
+from sa_taskqueue.core import control
+from sa_taskqueue.core.control_rows import ensure_row
+from sa_taskqueue.core.notify import control_channel_name
+
+#: How old the kept set of paused queues may be before a claim reads it again
+#: (seconds), unless a worker with a shorter poll interval asks for less.
+DEFAULT_MAX_AGE = 1.0
+
+
+def set_paused(engine: Engine, task_table: Table, queue: str, paused: bool, now: datetime) -> None:
+    """Pause (``paused``) or resume ``queue`` and commit; doing it twice is the same as once.
+
+    A pause keeps the time of the first one: pausing a paused queue changes
+    nothing.  Safe when several processes pause or resume at once: the row
+    is created race-free first (`ensure_row`), then one UPDATE sets it.
+    """
+    table = control.control_table_of(task_table)
+    if paused:
+        ensure_row(engine, table, control.QUEUE, queue, now)
+    # (A resume of a queue never paused finds no row, and has nothing to do.)
+    value = func.coalesce(table.c.paused_at, now) if paused else None
+    with engine.begin() as conn:
+        conn.execute(
+            update(table)
+            .where(table.c.kind == control.QUEUE, table.c.name == queue)
+            .values(paused_at=value, updated_at=now)
+        )
+        if backend_for(engine.dialect).notify:
+            # Transactional like the UPDATE: listeners hear of it at commit.
+            conn.execute(select(func.pg_notify(control_channel_name(task_table), queue)))
+
+
+def read_paused(engine: Engine, task_table: Table) -> frozenset[str]:
+    """The queues paused now: a read of the control table's primary key range for queues."""
+    table = control.control_table_of(task_table)
+    with engine.connect() as conn:
+        return frozenset(
+            conn.scalars(
+                select(table.c.name).where(table.c.kind == control.QUEUE, table.c.paused_at.is_not(None))
+            )
+        )
+
+
+class PausedQueues:
+    """The paused queues a queue object read last, read again when too old or when told they changed."""
+
+    def __init__(self, max_age: float = DEFAULT_MAX_AGE) -> None:
+        self.max_age = max_age
+        self._paused: frozenset[str] = frozenset()
+        self._read_at: float | None = None  # monotonic; None: read before the next claim
+        self._invalidated_at = 0.0  # monotonic: when a notification last said the state changed
+        self._lock = threading.Lock()
+
+    def current(self, read: Callable[[], frozenset[str]]) -> frozenset[str]:
+        """The paused queues, from ``read()`` if what is kept is older than ``max_age`` (or stale)."""
+        with self._lock:
+            read_at = self._read_at
+            if read_at is not None and time.monotonic() - read_at < self.max_age:
+                return self._paused
+        started = time.monotonic()
+        paused = read()
+        self.store(paused, started)
+        return paused
+
+    def store(self, paused: frozenset[str], read_at: float | None = None) -> None:
+        """Keep ``paused``, read at ``read_at`` (monotonic; now if omitted)."""
+        with self._lock:
+            stamp = time.monotonic() if read_at is None else read_at
+            # A change announced after our read started leaves the set stale.
+            if self._read_at is None and read_at is not None and self._invalidated_at > read_at:
+                return
+            self._paused = paused
+            self._read_at = stamp
+
+    def invalidate(self) -> None:
+        """The pause state changed (a notification said so): read it again before the next claim."""
+        with self._lock:
+            self._read_at = None
+            self._invalidated_at = time.monotonic()
+
+    def check_within(self, seconds: float) -> None:
+        """Read again at least every ``seconds`` (a worker passes its poll interval)."""
+        with self._lock:
+            self.max_age = min(self.max_age, seconds)
+
+
+__all__ = ["DEFAULT_MAX_AGE", "PausedQueues", "read_paused", "set_paused"]

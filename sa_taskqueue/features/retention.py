@@ -1,0 +1,183 @@
+"""Retention: finished tasks older than an age per status are deleted by the workers.
+
+``TaskQueue(retention={"completed": timedelta(days=1)})`` says how long a
+finished task of each status is kept after its ``finished_at``.  Workers
+delete what is older in a thread of their own, beside the claim loop, every
+retention interval (by default a tenth of the shortest age, between one
+second and a minute).  One worker at a time: it holds a lease, the row
+``("retention", <task table>)`` of the control table, taken and renewed by a
+conditional UPDATE; a worker that dies holding it leaves it to run out.
+
+Each batch is one DELETE of at most ``batch_size`` rows (500 by default),
+committed on its own, found through the index ``ix_<table>_finished``
+(status, finished_at): no long transaction, no lock held across batches,
+and claims, which read only queued rows, never wait for it for long.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from datetime import datetime, timedelta
+from threading import Event
+from typing import Any
+
+from sqlalchemy import Delete, Engine, Table, bindparam, delete, or_, select, update
+from sqlalchemy.engine import Dialect
+
+from sa_taskqueue.backends import backend_for
+from sa_taskqueue.core import control
+from sa_taskqueue.core.control_rows import ensure_row
+from sa_taskqueue.core.model import FINISHED_STATUSES, TaskStatus, has_status
+
+#: Rows per DELETE: small enough to hold its locks for milliseconds.
+DEFAULT_BATCH_SIZE = 500
+#: How long the lease holds unrenewed; the holder renews it before each batch.
+LEASE = timedelta(minutes=1)
+#: Bounds of the default interval between two runs of a worker.
+MIN_INTERVAL = timedelta(seconds=1)
+MAX_INTERVAL = timedelta(minutes=1)
+
+CUTOFF = "retention_cutoff"
+
+Ages = dict[TaskStatus, timedelta]
+
+
+def check_retention(retention: Any) -> Ages:
+    """``retention`` as finished status -> age, or a clear error naming what is wrong."""
+    if not isinstance(retention, Mapping):
+        raise TypeError(f"retention must be a mapping of finished statuses to timedeltas, got {retention!r}")
+    known = {status.value: status for status in FINISHED_STATUSES}
+    ages: Ages = {}
+    for key, age in retention.items():
+        status = known.get(key.value if isinstance(key, TaskStatus) else key)
+        if status is None:
+            raise ValueError(
+                f"retention keys must be finished statuses ({', '.join(sorted(known))}), got {key!r}"
+            )
+        if not isinstance(age, timedelta):
+            raise TypeError(f"retention[{status.value!r}] must be a timedelta, got {age!r}")
+        if age <= timedelta(0):
+            raise ValueError(f"retention[{status.value!r}] must be a positive timedelta, got {age!r}")
+        ages[status] = age
+    return ages
+
+
+def default_interval(ages: Ages) -> timedelta:
+    """A tenth of the shortest age (rows then outlive their age by a tenth at most), within bounds."""
+    return max(MIN_INTERVAL, min(MAX_INTERVAL, min(ages.values()) / 10))
+
+
+def check_interval(interval: Any) -> timedelta:
+    if not isinstance(interval, timedelta) or interval <= timedelta(0):
+        raise ValueError(f"retention_interval must be a positive timedelta, got {interval!r}")
+    return interval
+
+
+def batch_delete(dialect: Dialect, table: Table, status: TaskStatus, batch_size: int) -> Delete:
+    """One batch: at most ``batch_size`` rows of ``status`` finished before the bound cutoff."""
+    old = (
+        has_status(table, status),  # a literal, so that the partial index serves it
+        table.c.finished_at < bindparam(CUTOFF, type_=table.c.finished_at.type),
+    )
+    if backend_for(dialect).delete_with_limit:
+        # MySQL, MariaDB: DELETE ... LIMIT n (the IN subquery may not be limited).
+        # SQLAlchemy reads the option under the dialect's name: mysql:// or mariadb://.
+        return (
+            delete(table).where(*old).with_dialect_options(mysql_limit=batch_size, mariadb_limit=batch_size)
+        )
+    # PostgreSQL, SQLite: LIMIT n in the subquery; Oracle: FETCH FIRST n ROWS ONLY.  The
+    # conditions stand in the outer WHERE too: a row the subquery picked that
+    # another transaction changes meanwhile (a retry puts it back in the queue)
+    # is tested again as it is once that commits, and kept.
+    return delete(table).where(*old, table.c.id.in_(select(table.c.id).where(*old).limit(batch_size)))
+
+
+def take_lease(engine: Engine, task_table: Table, holder: str, now: datetime, *, create: bool = True) -> bool:
+    """Take or renew the retention lease of ``task_table`` for ``holder`` until ``now + LEASE``.
+
+    True if ``holder`` holds it now: it was free, had run out, or was
+    already ``holder``'s.  Two processes asking at once cannot both get it:
+    the UPDATE's condition is checked against the row as it is at the write.
+    ``create=False`` (a renewal) skips making sure the row exists.
+    """
+    table = control.control_table_of(task_table)
+    if create:
+        ensure_row(engine, table, control.RETENTION, task_table.name, now)
+    with engine.begin() as conn:
+        taken = conn.execute(
+            update(table)
+            .where(
+                table.c.kind == control.RETENTION,
+                table.c.name == task_table.name,
+                or_(table.c.held_by.is_(None), table.c.held_until <= now, table.c.held_by == holder),
+            )
+            .values(held_by=holder, held_until=now + LEASE, updated_at=now)
+        )
+        return taken.rowcount == 1
+
+
+def release_lease(engine: Engine, task_table: Table, holder: str, now: datetime) -> None:
+    """Give the lease up if ``holder`` still holds it, so that another worker may take it at once."""
+    table = control.control_table_of(task_table)
+    with engine.begin() as conn:
+        conn.execute(
+            update(table)
+            .where(
+                table.c.kind == control.RETENTION,
+                table.c.name == task_table.name,
+                table.c.held_by == holder,
+            )
+            .values(held_by=None, held_until=None, updated_at=now)
+        )
+
+
+def delete_expired(
+    engine: Engine,
+    table: Table,
+    ages: Ages,
+    *,
+    holder: str,
+    clock: Callable[[], datetime],
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    stop: Event | None = None,
+    on_batch: Callable[[int], None] | None = None,
+) -> int:
+    """Delete the rows older than their status's age, batch after batch, under the lease; how many.
+
+    0 at once when another holder has the lease.  Stops when nothing old is
+    left, when the lease is lost, or when ``stop`` is set; the lease is
+    given up at the end.  ``on_batch`` is told each batch's count.
+    """
+    if not ages or not take_lease(engine, table, holder, clock()):
+        return 0
+    deleted = 0
+    try:
+        for status, age in ages.items():
+            statement = batch_delete(engine.dialect, table, status, batch_size)
+            while stop is None or not stop.is_set():
+                now = clock()
+                if not take_lease(engine, table, holder, now, create=False):
+                    return deleted  # it ran out meanwhile and someone else took it
+                with engine.begin() as conn:
+                    count = conn.execute(statement, {CUTOFF: now - age}).rowcount
+                deleted += count
+                if on_batch is not None:
+                    on_batch(count)
+                if count < batch_size:
+                    break
+    finally:
+        release_lease(engine, table, holder, clock())
+    return deleted
+
+
+__all__ = [
+    "DEFAULT_BATCH_SIZE",
+    "LEASE",
+    "batch_delete",
+    "check_interval",
+    "check_retention",
+    "default_interval",
+    "delete_expired",
+    "release_lease",
+    "take_lease",
+]

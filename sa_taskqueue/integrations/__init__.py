@@ -1,0 +1,1 @@
+"""Framework integrations: Flask, FastAPI and Alembic's autogenerate hooks."""
