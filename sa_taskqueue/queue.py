@@ -28,6 +28,7 @@ from sa_taskqueue.core.claimed_params import decode_params, json_loads
 from sa_taskqueue.core.concurrency import ConcurrencyLimit, KeySpec, fitted
 from sa_taskqueue.core.error_text import format_error
 from sa_taskqueue.core.event_loop_bridge import EventLoopBridge, asyncio_extension
+from sa_taskqueue.core.events import EventStream
 from sa_taskqueue.core.exceptions import translate_database_errors
 from sa_taskqueue.core.limits import ColumnLimits
 from sa_taskqueue.core.model import Task, TaskMixin, TaskStatus
@@ -163,6 +164,8 @@ class TaskQueue:
         self.paused = PausedQueues()
         #: Wakes `result` waiters when their task finishes (PostgreSQL); started by the first wait.
         self.finished_listener = FinishedListener(self.engine, self.table)
+        #: The lifecycle events of this queue's tasks and workers in this process: subscribe here.
+        self.events = EventStream()
         if strategy is not None:
             registry.check_requested(strategy, self.engine.dialect)
         backend_for(self.engine.dialect).configure_engine(self.engine)
