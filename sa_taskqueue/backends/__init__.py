@@ -8,14 +8,26 @@ module         database
 ``mysql``      MySQL and MariaDB, under either dialect name
 ``sqlite``     SQLite
 ``oracle``     Oracle
+``table_health`` the table health measurement and each database's probe
 =============  ==========================================================
+
+Code outside this package asks a backend for a capability, or one of the
+functions here for the dialect names that have one; it never names a
+database or a driver itself.
 """
 
 from __future__ import annotations
 
 from sqlalchemy.engine import Dialect
 
-from sa_taskqueue.backends.base import Backend
+from sa_taskqueue.backends.base import (
+    CONDITIONAL_UPDATE,
+    FETCH_ROWS_OPTION,
+    SKIP_LOCKED,
+    Backend,
+    BulkCopier,
+    TableHealthProbe,
+)
 from sa_taskqueue.backends.mysql import MySQLBackend
 from sa_taskqueue.backends.oracle import OracleBackend
 from sa_taskqueue.backends.postgresql import PostgreSQLBackend
@@ -34,11 +46,49 @@ BACKENDS: dict[str, type[Backend]] = {
 }
 
 
+def dialects_with(capability: str) -> list[str]:
+    """The dialect names whose backends have ``capability`` (a true class attribute of `Backend`).
+
+    For SQLAlchemy's per-dialect arguments, which are spelled with a
+    dialect's name: an `Index`'s ``<name>_where``, a type's ``with_variant``.
+    """
+    return sorted(
+        name
+        for name, backend in BACKENDS.items()
+        if name != ANY_DIALECT and getattr(backend, capability) is True
+    )
+
+
 def partial_index_dialects() -> list[str]:
     """The dialect names whose backends have partial indexes (for an `Index`'s ``<name>_where``)."""
-    return sorted(
-        name for name, backend in BACKENDS.items() if name != ANY_DIALECT and backend.partial_indexes
-    )
+    return dialects_with("partial_indexes")
+
+
+def backend_class(dialect_name: str) -> type[Backend]:
+    """The backend class serving dialects named ``dialect_name`` (a URL's backend name).
+
+    For a decision made before any dialect exists, from a URL alone.
+    """
+    return BACKENDS.get(dialect_name, BACKENDS[ANY_DIALECT])
+
+
+def known_dialect(dialect: Dialect) -> bool:
+    """Whether a backend of its own serves ``dialect``, rather than the default for any other."""
+    return dialect.name in BACKENDS and dialect.name != ANY_DIALECT
+
+
+def backend_classes() -> list[type[Backend]]:
+    """Every backend class, each once, the default for any other dialect last."""
+    found: list[type[Backend]] = []
+    for backend in BACKENDS.values():
+        if backend not in found:
+            found.append(backend)
+    return found
+
+
+def loop_bound_drivers() -> frozenset[str]:
+    """Every backend's `Backend.loop_bound_drivers`: asyncio drivers tied to the loop that connected."""
+    return frozenset().union(*(backend.loop_bound_drivers for backend in backend_classes()))
 
 
 #: Where a dialect object keeps its backend.
@@ -63,11 +113,21 @@ def backend_for(dialect: Dialect) -> Backend:
 __all__ = [
     "ANY_DIALECT",
     "BACKENDS",
+    "CONDITIONAL_UPDATE",
+    "FETCH_ROWS_OPTION",
+    "SKIP_LOCKED",
     "Backend",
+    "BulkCopier",
     "MySQLBackend",
     "OracleBackend",
     "PostgreSQLBackend",
     "SQLiteBackend",
+    "TableHealthProbe",
+    "backend_class",
+    "backend_classes",
     "backend_for",
+    "dialects_with",
+    "known_dialect",
+    "loop_bound_drivers",
     "partial_index_dialects",
 ]

@@ -10,12 +10,46 @@ dialect's name.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Protocol
 
-from sqlalchemy import JSON, ColumnElement, Connection, DateTime, Engine, Insert, Table, Text
+from sqlalchemy import JSON, URL, ColumnElement, Connection, DateTime, Delete, Engine, Insert, Table, Text
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeEngine
+
+if TYPE_CHECKING:
+    from sa_taskqueue.backends.table_health.figures import TableHealth
+    from sa_taskqueue.backends.table_health.thresholds import HealthThresholds
+
+#: Execution option: how many rows the driver may fetch per round trip, where
+#: a backend sizes its fetches (`Backend.configure_engine`); ignored elsewhere.
+FETCH_ROWS_OPTION = "sa_taskqueue_fetch_rows"
+
+#: The claim strategies a backend may name as its default (`Backend.default_strategy`).
+SKIP_LOCKED = "skip_locked"
+CONDITIONAL_UPDATE = "conditional_update"
+
+#: Measures a task table's health at a moment against thresholds; None when
+#: it finds no such table (see `Backend.table_health_probe`).
+TableHealthProbe = Callable[[Connection, Table, datetime, "HealthThresholds"], "TableHealth | None"]
+
+
+class BulkCopier(Protocol):
+    """Rows into a table by the driver's COPY protocol, on one connection in its transaction."""
+
+    def copy(
+        self, table: Table, names: Sequence[str], count: int, values: Callable[[], Sequence[Iterable[Any]]]
+    ) -> list[int] | None:
+        """Insert ``count`` rows of the columns ``names``, with new ids; the ids, ascending with the rows.
+
+        ``values()`` gives each column's values, bind-processed, in the
+        order of ``names``; it is called only once the COPY will run.  None,
+        with nothing written, where the ids cannot be drawn before the rows
+        go (no sequence behind the id column): the caller inserts another way.
+        """
+        ...
 
 
 class Backend:
@@ -49,11 +83,17 @@ class Backend:
     #: standard SQL allows and plain DELETE does not.
     delete_with_limit = False
 
-    # Indexes ---------------------------------------------------------------------
+    # Indexes and keys ---------------------------------------------------------------
 
     #: An index may hold only the rows a WHERE clause selects (the queued
     #: ones), so finished rows cost the claim nothing.
     partial_indexes = False
+    #: A generated column can be indexed only if it is stored (computed when
+    #: the row is written), so the model's generated columns are declared STORED.
+    indexes_only_stored_generated_columns = False
+    #: Only an ``INTEGER`` primary key numbers new rows by itself (a rowid
+    #: alias), not a ``BIGINT`` one, so the model's id is an INTEGER here.
+    autoincrement_needs_integer_key = False
 
     # Bulk enqueue ----------------------------------------------------------------
 
@@ -63,7 +103,8 @@ class Backend:
     #: A multi-row INSERT numbers its rows in order and nothing else writes
     #: meanwhile, so the new ids sorted are the rows in order.
     multi_row_insert_ids_in_order = False
-    #: Many rows go through the driver's COPY protocol (psycopg 3's ``copy()``).
+    #: Many rows may go through the driver's COPY protocol, where the
+    #: connection's driver has one (`bulk_copier`).
     insert_by_copy = False
     #: The most values one statement may bind (MySQL's protocol counts them in 16 bits).
     max_bound_values = 65535
@@ -117,6 +158,26 @@ class Backend:
     #: An enqueue can wake listening workers at commit (``NOTIFY``).
     notify = False
 
+    # Drivers ---------------------------------------------------------------------
+
+    #: The package extra (``pip install 'sa_taskqueue[<extra>]'``) that installs
+    #: this database's recommended driver; None where Python has one built in.
+    driver_extra: str | None = None
+    #: The driver modules (top-level names) that extra installs.
+    driver_modules: frozenset[str] = frozenset()
+    #: The asyncio driver modules the ``async`` extra installs for this database.
+    async_driver_modules: frozenset[str] = frozenset()
+    #: SQLAlchemy's driver for a URL that names none, where no extra installs
+    #: it: (its module, the URL scheme naming the driver the extra installs).
+    unnamed_driver: tuple[str, str] | None = None
+    #: asyncio drivers (the module SQLAlchemy's adapter for each lives in, by
+    #: its last name) whose connections wait on futures of the event loop
+    #: that opened them, so they cannot be used, nor closed gracefully, from another.
+    loop_bound_drivers: frozenset[str] = frozenset()
+    #: The URL's database is a file path, which the driver creates when it
+    #: is missing.
+    file_database = False
+
     # Migrations -----------------------------------------------------------------
 
     #: ALTER TABLE is too limited, so autogenerate must emit batch (copy and move) operations.
@@ -166,11 +227,37 @@ class Backend:
         """Session-level locks on a name or number, held across transactions until released."""
         return False
 
+    def listener_url(self, url: URL) -> URL | None:
+        """The URL a listener of an asyncio engine at ``url`` connects through, with a sync driver.
+
+        None where no installed sync driver can wait for notifications:
+        the workers of an asyncio engine then poll.
+        """
+        return None
+
+    def bulk_copier(self, conn: Connection) -> BulkCopier | None:
+        """What copies rows in by the driver's COPY on ``conn``; None where its driver has no COPY."""
+        return None
+
+    def table_health_probe(self) -> TableHealthProbe | None:
+        """What measures a task table's health here (`sa_taskqueue.health`); None where nothing does."""
+        return None
+
     def has_skip_locked(self) -> bool:
         """SKIP LOCKED works on the connected server (the version is known only after a connect)."""
         if not self.skip_locked:
             return False
         return self.skip_locked_since is None or self.server_version >= self.skip_locked_since
+
+    @property
+    def default_strategy(self) -> str:
+        """The name of the claim strategy this server gets unless the application chooses one.
+
+        `SKIP_LOCKED` where the connected server has it (`has_skip_locked`:
+        the version counts, so ask after the engine's first connect), else
+        `CONDITIONAL_UPDATE`, which needs no row locks.
+        """
+        return SKIP_LOCKED if self.has_skip_locked() else CONDITIONAL_UPDATE
 
     # Connection setup ---------------------------------------------------------------
 
@@ -206,6 +293,10 @@ class Backend:
         scanned whole.
         """
         return sql
+
+    def limit_delete(self, statement: Delete, rows: int) -> Delete:
+        """``statement`` deleting at most ``rows`` rows with ``DELETE ... LIMIT`` (`delete_with_limit`)."""
+        raise NotImplementedError(f"{self.label} has no DELETE ... LIMIT")
 
     # Advisory locks -------------------------------------------------------------------
 
@@ -302,4 +393,11 @@ class Backend:
         return Text()
 
 
-__all__ = ["Backend"]
+__all__ = [
+    "CONDITIONAL_UPDATE",
+    "FETCH_ROWS_OPTION",
+    "SKIP_LOCKED",
+    "Backend",
+    "BulkCopier",
+    "TableHealthProbe",
+]

@@ -10,13 +10,15 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, Engine, Table, func
+from sqlalchemy import ColumnElement, Connection, Delete, Engine, Table, func
 from sqlalchemy.dialects import mysql
 from sqlalchemy.types import TypeEngine
 
-from sa_taskqueue.backends.base import Backend
+from sa_taskqueue.backends.base import Backend, TableHealthProbe
+from sa_taskqueue.backends.table_health.mysql import measure as measure_table_health
 
 #: The first versions with SKIP LOCKED.
 MYSQL_SKIP_LOCKED_SINCE = (8, 0, 1)
@@ -60,6 +62,14 @@ class MySQLBackend(Backend):
     # snapshot: the task a duplicate key points at may have committed after it.
     snapshot_reads = True
 
+    driver_extra = "mysql"
+    driver_modules = frozenset({"pymysql"})
+    async_driver_modules = frozenset({"aiomysql", "asyncmy"})
+    # mysql:// alone means mysqlclient (MySQLdb), which the extra does not install.
+    unnamed_driver = ("MySQLdb", "mysql+pymysql://")
+    # Both asyncio drivers' connections wait on futures of the loop that opened them.
+    loop_bound_drivers = frozenset({"aiomysql", "asyncmy"})
+
     @property
     def is_mariadb(self) -> bool:
         """MariaDB, whichever name SQLAlchemy gave the dialect."""
@@ -76,6 +86,13 @@ class MySQLBackend(Backend):
     @property
     def skip_locked_since(self) -> tuple[int, ...]:  # type: ignore[override]
         return MARIADB_SKIP_LOCKED_SINCE if self.is_mariadb else MYSQL_SKIP_LOCKED_SINCE
+
+    def limit_delete(self, statement: Delete, rows: int) -> Delete:
+        # SQLAlchemy reads the option under the dialect's name: mysql:// or mariadb://.
+        return statement.with_dialect_options(mysql_limit=rows, mariadb_limit=rows)
+
+    def table_health_probe(self) -> TableHealthProbe:
+        return partial(measure_table_health, label=self.label, mariadb=self.is_mariadb)
 
     # Under the default REPEATABLE READ a locking read also takes gap locks
     # on the index range it walked, which block enqueues into that range and

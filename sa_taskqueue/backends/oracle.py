@@ -10,10 +10,7 @@ from sqlalchemy import ColumnElement, Connection, Engine, event, func
 from sqlalchemy.dialects import oracle
 from sqlalchemy.types import TypeEngine
 
-from sa_taskqueue.backends.base import Backend
-
-#: Execution option: how many rows the driver may fetch per round trip.
-FETCH_ROWS_OPTION = "sa_taskqueue_fetch_rows"
+from sa_taskqueue.backends.base import FETCH_ROWS_OPTION, Backend
 
 
 class OracleBackend(Backend):
@@ -36,6 +33,11 @@ class OracleBackend(Backend):
     # No ON CONFLICT: a duplicate key (ORA-00001) is caught inside a SAVEPOINT.
     # (Statement-level read consistency: a plain SELECT sees the clashing row.)
     insert_skips_conflicts = False
+
+    driver_extra = "oracle"
+    driver_modules = frozenset({"oracledb"})
+    # oracle:// alone means cx_Oracle, which the extra does not install.
+    unnamed_driver = ("cx_Oracle", "oracle+oracledb://")
 
     def configure_engine(self, engine: Engine) -> None:
         if not event.contains(engine, "before_cursor_execute", size_fetch):

@@ -7,6 +7,7 @@ import sqlite3
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
 from sqlalchemy import ColumnElement, Connection, Engine, Insert, Table, event
@@ -14,7 +15,8 @@ from sqlalchemy.dialects import sqlite
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.pool import ConnectionPoolEntry
 
-from sa_taskqueue.backends.base import Backend
+from sa_taskqueue.backends.base import Backend, TableHealthProbe
+from sa_taskqueue.backends.table_health.sqlite import measure as measure_table_health
 
 logger = logging.getLogger("sa_taskqueue")
 
@@ -62,11 +64,21 @@ class SQLiteBackend(Backend):
     insert_skips_conflicts = True
     # No datetime type at all: values are text, kept as UTC wall time.
     stores_naive_utc = True
+    # Only an INTEGER PRIMARY KEY is a rowid alias, numbered by SQLite itself; BIGINT is not.
+    autoincrement_needs_integer_key = True
+    # The URL's database is a file, which sqlite3 creates when it is missing.
+    file_database = True
+
+    # Python's sqlite3 is built in: no extra, no driver to name.
+    async_driver_modules = frozenset({"aiosqlite"})
 
     @property
     def max_bound_values(self) -> int:  # type: ignore[override]
         # SQLITE_MAX_VARIABLE_NUMBER's default: 999 before SQLite 3.32.
         return 32766 if sqlite3.sqlite_version_info >= (3, 32) else 999
+
+    def table_health_probe(self) -> TableHealthProbe:
+        return partial(measure_table_health, label=self.label)
 
     def configure_engine(self, engine: Engine) -> None:
         # Python's sqlite3 gives up after 5 s on a lock another process holds;

@@ -50,6 +50,8 @@ from sqlalchemy import Engine, event
 from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.pool import ConnectionPoolEntry, PoolProxiedConnection
 
+from sa_taskqueue.backends import loop_bound_drivers
+
 T = TypeVar("T")
 
 #: Where a connection record keeps (a weak reference to) the loop that opened it.
@@ -268,8 +270,8 @@ def _same_loop_only(
     raise DisconnectionError("the pooled connection was opened on another event loop")
 
 
-#: Drivers whose connections wait on futures of the loop that opened them.
-_LOOP_BOUND_DRIVERS = frozenset({"asyncpg", "aiomysql", "asyncmy"})
+#: Drivers whose connections wait on futures of the loop that opened them (`Backend.loop_bound_drivers`).
+_LOOP_BOUND_DRIVERS = loop_bound_drivers()
 
 
 __all__ = ["EventLoopBridge", "LoopThread", "SyncCallOnEventLoop", "asyncio_extension"]

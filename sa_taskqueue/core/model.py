@@ -28,7 +28,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, declared_attr, mapped_column
 from sqlalchemy.sql.compiler import DDLCompiler, SQLCompiler
 from sqlalchemy.sql.visitors import InternalTraversal
 
-from sa_taskqueue.backends import backend_for, partial_index_dialects
+from sa_taskqueue.backends import backend_for, dialects_with, partial_index_dialects
 from sa_taskqueue.core.control import control_table
 from sa_taskqueue.core.types import JSONDocument, LongText, UTCDateTime, utcnow
 
@@ -89,8 +89,11 @@ class IndexableComputed(Computed):
         return self._schema_item_copy(IndexableComputed(copied.sqltext))
 
 
-@compiles(IndexableComputed, "postgresql")
-def _stored_on_postgresql(element: IndexableComputed, compiler: DDLCompiler, **kw: Any) -> str:
+@compiles(IndexableComputed)
+def _stored_where_indexes_need_it(element: IndexableComputed, compiler: DDLCompiler, **kw: Any) -> str:
+    if not backend_for(compiler.dialect).indexes_only_stored_generated_columns:
+        return str(compiler.visit_computed_column(element, **kw))  # type: ignore[no-untyped-call]
+    # PostgreSQL indexes only stored generated columns.
     expression = compiler.sql_compiler.process(element.sqltext, include_table=False, literal_binds=True)
     return f"GENERATED ALWAYS AS ({expression}) STORED"
 
@@ -143,7 +146,7 @@ class TaskMixin:
 
     id: Mapped[int] = mapped_column(
         # SQLite only auto-increments an INTEGER PRIMARY KEY (a rowid alias), not BIGINT.
-        BigInteger().with_variant(Integer(), "sqlite"),
+        BigInteger().with_variant(Integer(), *dialects_with("autoincrement_needs_integer_key")),
         Identity(),
         primary_key=True,
     )

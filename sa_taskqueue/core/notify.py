@@ -20,7 +20,6 @@ async, and the worker's wait stays the same.  Where psycopg is not installed
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import logging
 import selectors
 import socket
@@ -117,21 +116,22 @@ def can_listen(engine: Engine) -> bool:
     backend = backend_for(engine.dialect)
     if not engine.dialect.is_async:
         return backend.listen
-    # Any async PostgreSQL driver: the listener connects through psycopg's sync one.
-    return backend.notify and importlib.util.find_spec("psycopg") is not None
+    # An async engine's listener connects through a sync driver (PostgreSQL: psycopg's).
+    return backend.notify and backend.listener_url(engine.url) is not None
 
 
 def listening_engine(engine: Engine) -> Engine:
-    """The engine a `Listener` of ``engine`` connects through: itself, or a psycopg sync one if async."""
+    """The engine a `Listener` of ``engine`` connects through: itself, or a sync one if async."""
     return _sync_listening_engine(engine) if engine.dialect.is_async else engine
 
 
 def _sync_listening_engine(engine: Engine) -> Engine:
-    """An engine of psycopg's sync driver to an async engine's server, without a pool."""
-    url = engine.url.set(drivername="postgresql+psycopg")
-    if engine.url.get_driver_name() not in ("psycopg", "psycopg_async"):
-        # asyncpg's URL options are not psycopg's: the server and login are kept.
-        url = url.set(query={})
+    """An engine of a sync driver to an async engine's server (`Backend.listener_url`), without a pool."""
+    url = backend_for(engine.dialect).listener_url(engine.url)
+    if url is None:
+        raise RuntimeError(
+            f"no installed sync driver can listen to {engine.url.drivername} for notifications"
+        )
     return create_engine(url, poolclass=NullPool)
 
 

@@ -8,47 +8,41 @@ that, and turns each figure over its `HealthThresholds` limit into a
 `Finding` that says what to do.  ``queue.table_health()`` is the way in for
 applications and monitoring; ``sa-taskqueue health`` prints it.
 
-=============  ==================================================================
-module         what
-=============  ==================================================================
-``figures``    `TableHealth`, `OpenTransaction`, `Finding`: the measurement
-``thresholds`` `HealthThresholds`: the limits, with their defaults
-``judge``      words for figures, and the finding every database gives a long transaction
-``lines``      `health_lines`: the measurement as text
-``postgresql`` dead row versions, autovacuum, sessions and slots holding the xmin horizon
-``mysql``      InnoDB's history list length and oldest transactions (MySQL, MariaDB)
-``sqlite``     journal mode, WAL file size, pages
-=============  ==================================================================
+=================  ==================================================================
+module             what
+=================  ==================================================================
+``lines``          `health_lines`: the measurement as text
+``explain``        the plan of a statement, for checking that a claim uses its index
+``self_test``      the footing check: row locks, advisory locks, notifications
+=================  ==================================================================
 
-The probe is chosen here, by the backend's name, and nowhere else.
-Oracle has none: its figures (``V$TRANSACTION``, undo retention) need
-privileges an application account rarely has, and no live Oracle checks
-them, so the measurement says "not measured on Oracle" instead of guessing.
+What each database can tell is read by its backend's probe
+(`Backend.table_health_probe`, in `sa_taskqueue.backends.table_health`,
+with the figures and thresholds it fills in); this module connects, checks
+that the table is there, and runs it.  A database whose backend has no
+probe (Oracle: its figures need privileges an application account rarely
+has) is reported as not measured rather than guessed at.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from datetime import datetime
 
 from sqlalchemy import Connection, Engine, Table, inspect
 
-from sa_taskqueue.backends import backend_for
+from sa_taskqueue.backends import TableHealthProbe, backend_for
+from sa_taskqueue.backends.table_health import (
+    MEASURED_ON,
+    Finding,
+    HealthThresholds,
+    OpenTransaction,
+    TableHealth,
+)
 from sa_taskqueue.core.exceptions import SchemaMissing
-from sa_taskqueue.health import mysql, postgresql, sqlite
-from sa_taskqueue.health.figures import Finding, OpenTransaction, TableHealth
 from sa_taskqueue.health.lines import health_lines
-from sa_taskqueue.health.thresholds import HealthThresholds
 
-Probe = Callable[[Connection, Table, datetime, HealthThresholds], TableHealth]
-
-#: Backend name -> what measures it.  A backend not listed is not measured.
-PROBES: dict[str, Probe] = {
-    "postgresql": postgresql.measure,
-    "mysql": mysql.measure,
-    "mariadb": mysql.measure,
-    "sqlite": sqlite.measure,
-}
+#: What measures a task table on one database (`Backend.table_health_probe`).
+Probe = TableHealthProbe
 
 
 def measure_table_health(
@@ -66,31 +60,32 @@ def measure_table_health(
     elif not isinstance(thresholds, HealthThresholds):
         raise TypeError(f"thresholds must be a HealthThresholds, got {thresholds!r}")
     backend = backend_for(engine.dialect)
-    probe = PROBES.get(backend.name)
+    probe = backend.table_health_probe()
     if probe is None:
         return TableHealth(
             database=backend.label,
             table=".".join(part for part in (table.schema, table.name) if part),
             measured_at=now,
             thresholds=thresholds,
-            notes=(
-                f"not measured on {backend.label}: sa_taskqueue reads table health on PostgreSQL, "
-                "MySQL, MariaDB and SQLite",
-            ),
+            notes=(f"not measured on {backend.label}: sa_taskqueue reads table health on {MEASURED_ON}",),
         )
     with engine.connect() as conn:
         # Most figures are the server's or the file's: without this check a
         # database never migrated would look healthy.
-        if not inspect(conn).has_table(table.name, schema=table.schema):
+        health = probe(conn, table, now, thresholds) if _has_table(conn, table) else None
+        if health is None:
             raise SchemaMissing(
                 f"the task table {table.name!r} does not exist: "
                 "run `sa-taskqueue migrate` (or `alembic upgrade head`)"
             )
-        return probe(conn, table, now, thresholds)
+        return health
+
+
+def _has_table(conn: Connection, table: Table) -> bool:
+    return bool(inspect(conn).has_table(table.name, schema=table.schema))
 
 
 __all__ = [
-    "PROBES",
     "Finding",
     "HealthThresholds",
     "OpenTransaction",

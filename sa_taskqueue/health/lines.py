@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sa_taskqueue.health.figures import OpenTransaction, TableHealth
-from sa_taskqueue.health.judge import age_text, size_text
+from sa_taskqueue.backends.table_health.figures import OpenTransaction, TableHealth
+from sa_taskqueue.backends.table_health.judge import age_text, size_text
 
 
 def health_lines(health: TableHealth) -> list[str]:

@@ -56,7 +56,7 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.engine.default import DefaultDialect
 from sqlalchemy.types import TypeDecorator, TypeEngine
 
-from sa_taskqueue.backends import ANY_DIALECT, BACKENDS
+from sa_taskqueue.backends import ANY_DIALECT, BACKENDS, backend_for
 from sa_taskqueue.core.migrate import VERSION_TABLE
 from sa_taskqueue.core.model import IndexableComputed, metadata
 from sa_taskqueue.core.types import JSONDocument, LongText, UTCDateTime
@@ -93,7 +93,7 @@ def generated_column_source(computed: IndexableComputed, autogen_context: Autoge
     (On PostgreSQL 18 a plain one would be virtual, and its index refused.)
     """
     dialect = autogen_context.dialect
-    if dialect is None or dialect.name != "postgresql":
+    if dialect is None or not backend_for(dialect).indexes_only_stored_generated_columns:
         return False
     expression = computed.sqltext.compile(
         dialect=dialect, compile_kwargs={"literal_binds": True, "include_table": False}

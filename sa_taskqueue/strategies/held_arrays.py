@@ -24,8 +24,21 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, Integer, String, Table, Text, any_, bindparam, cast, column, func, update
-from sqlalchemy.dialects.postgresql import ARRAY, JSON
+from sqlalchemy import (
+    ARRAY,
+    JSON,
+    BigInteger,
+    Integer,
+    String,
+    Table,
+    Text,
+    any_,
+    bindparam,
+    cast,
+    column,
+    func,
+    update,
+)
 from sqlalchemy.engine import Dialect
 
 from sa_taskqueue.core.model import TaskStatus, has_status
@@ -43,6 +56,8 @@ def complete_from_arrays_statement(table: Table, now_param: str) -> Any:
     Parameters: `HELD_IDS` and `HELD_CLAIMS` (see `held_claims`),
     ``now_param`` (the lease test's time) and ``finished_now``.
     """
+    # SQLAlchemy's generic ARRAY and JSON: the dialect that runs the
+    # statement (one whose backend has `completes_from_arrays`) renders its own.
     ids = bindparam(HELD_IDS, type_=ARRAY(BigInteger()))
     held = (
         func.json_to_recordset(cast(bindparam(HELD_CLAIMS, type_=Text()), JSON()))

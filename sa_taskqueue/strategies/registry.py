@@ -1,9 +1,13 @@
-"""Which claim strategy a database gets: the one place that maps dialect and version to a strategy.
+"""Which claim strategy a database gets: its backend's default, unless the application registered another.
 
-Keys are the backends' server names (`Backend.name`): SQLAlchemy dialect
-names, with MariaDB told apart from MySQL as ``"mariadb"`` whatever the URL
-said, and ``"*"`` for any other dialect.  Several entries may share a key with different ``min_version``; the
-newest one the connected server satisfies wins.
+The default is the backend's (`Backend.default_strategy`, which knows from
+which server version SKIP LOCKED works), named as a strategy is named.  An
+application may replace it with `register`, keyed by the backends' server
+names (`Backend.name`): SQLAlchemy dialect names, with MariaDB told apart
+from MySQL as ``"mariadb"`` whatever the URL said, and ``"*"`` for any
+dialect no backend of its own serves.  Several registrations may share a key
+with different ``min_version``; the newest one the connected server
+satisfies wins, and a server older than every one gets the backend's default.
 """
 
 from __future__ import annotations
@@ -13,8 +17,7 @@ from dataclasses import dataclass
 
 from sqlalchemy.engine import Dialect
 
-from sa_taskqueue.backends import ANY_DIALECT, backend_for
-from sa_taskqueue.backends.mysql import MARIADB_SKIP_LOCKED_SINCE, MYSQL_SKIP_LOCKED_SINCE
+from sa_taskqueue.backends import ANY_DIALECT, backend_for, known_dialect
 from sa_taskqueue.core.exceptions import StrategyError
 from sa_taskqueue.strategies.advisory import AdvisoryLockStrategy
 from sa_taskqueue.strategies.base import ClaimStrategy
@@ -30,7 +33,8 @@ class _Entry:
     min_version: tuple[int, ...] | None
 
 
-_defaults: dict[str, list[_Entry]] = {}
+#: What applications registered, by server name: newest minimum version first.
+_registered: dict[str, list[_Entry]] = {}
 
 #: Strategies that can be asked for by name, ``TaskQueue(..., strategy="advisory_lock")``.
 named: dict[str, type[ClaimStrategy]] = {
@@ -44,14 +48,15 @@ def register(
 ) -> None:
     """Make ``factory`` the default for ``dialect_name`` on servers at ``min_version`` or newer.
 
-    A later registration for the same dialect and ``min_version`` replaces the
-    earlier one, so an application can override a default.
+    It takes the place of the backend's own default there.  A later
+    registration for the same dialect and ``min_version`` replaces the
+    earlier one.
     """
-    entries = [entry for entry in _defaults.get(dialect_name, []) if entry.min_version != min_version]
+    entries = [entry for entry in _registered.get(dialect_name, []) if entry.min_version != min_version]
     entries.append(_Entry(factory, tuple(min_version) if min_version is not None else None))
     # Newest minimum first; the version-less fallback last.
     entries.sort(key=lambda entry: entry.min_version or (), reverse=True)
-    _defaults[dialect_name] = entries
+    _registered[dialect_name] = entries
 
 
 def registry_key(dialect: Dialect) -> str:
@@ -65,12 +70,15 @@ def resolve(dialect: Dialect) -> ClaimStrategy:
     Uses the server's name and version, so call it after the engine has
     connected once.
     """
-    version = backend_for(dialect).server_version
-    for key in (registry_key(dialect), ANY_DIALECT):
-        for entry in _defaults.get(key, []):
+    backend = backend_for(dialect)
+    version = backend.server_version
+    # "*" stands for the dialects no backend of its own serves, as their backend does.
+    keys = [backend.name] if known_dialect(dialect) else [backend.name, ANY_DIALECT]
+    for key in keys:
+        for entry in _registered.get(key, []):
             if entry.min_version is None or version >= entry.min_version:
                 return entry.factory()
-    raise StrategyError(f"no claim strategy is registered for the {dialect.name!r} dialect")
+    return by_name(backend.default_strategy)()
 
 
 def check_requested(requested: object, dialect: Dialect) -> None:
@@ -106,15 +114,6 @@ def by_name(name: str) -> type[ClaimStrategy]:
         known = ", ".join(sorted(named))
         raise StrategyError(f"unknown strategy {name!r}; known strategies: {known}") from None
 
-
-register("postgresql", SkipLockedStrategy)
-register("oracle", SkipLockedStrategy)
-register("mysql", SkipLockedStrategy, min_version=MYSQL_SKIP_LOCKED_SINCE)
-register("mysql", ConditionalUpdateStrategy)
-register("mariadb", SkipLockedStrategy, min_version=MARIADB_SKIP_LOCKED_SINCE)
-register("mariadb", ConditionalUpdateStrategy)
-register("sqlite", ConditionalUpdateStrategy)
-register(ANY_DIALECT, ConditionalUpdateStrategy)
 
 __all__ = [
     "ANY_DIALECT",

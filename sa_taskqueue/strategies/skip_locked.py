@@ -19,8 +19,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, Select, Table, bindparam, select, update
 from sqlalchemy.engine import Dialect
 
-from sa_taskqueue.backends import backend_for
-from sa_taskqueue.backends.oracle import FETCH_ROWS_OPTION
+from sa_taskqueue.backends import FETCH_ROWS_OPTION, backend_for
 from sa_taskqueue.core.claimed import ClaimedTask
 from sa_taskqueue.core.exceptions import StrategyError
 from sa_taskqueue.core.finished import announced_ids

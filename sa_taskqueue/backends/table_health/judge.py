@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from sa_taskqueue.health.figures import Finding, OpenTransaction
-from sa_taskqueue.health.thresholds import MIB, HealthThresholds
+from sa_taskqueue.backends.table_health.figures import Finding, OpenTransaction
+from sa_taskqueue.backends.table_health.thresholds import MIB, HealthThresholds
 
 #: How many of the oldest open transactions (of each kind) a measurement lists, however young...
 TRANSACTIONS_LISTED = 5

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sa_taskqueue.health.thresholds import HealthThresholds
+from sa_taskqueue.backends.table_health.thresholds import HealthThresholds
 
 
 @dataclass(frozen=True)

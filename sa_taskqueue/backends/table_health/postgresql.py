@@ -17,9 +17,8 @@ from typing import Any
 
 from sqlalchemy import Connection, String, Table, bindparam, text
 
-from sa_taskqueue.core.exceptions import SchemaMissing
-from sa_taskqueue.health.figures import Finding, OpenTransaction, TableHealth
-from sa_taskqueue.health.judge import (
+from sa_taskqueue.backends.table_health.figures import Finding, OpenTransaction, TableHealth
+from sa_taskqueue.backends.table_health.judge import (
     QUERY_PREFIX,
     TRANSACTIONS_LISTED,
     TRANSACTIONS_READ,
@@ -30,7 +29,7 @@ from sa_taskqueue.health.judge import (
     transaction_finding,
     worth_listing,
 )
-from sa_taskqueue.health.thresholds import HealthThresholds
+from sa_taskqueue.backends.table_health.thresholds import HealthThresholds
 
 # The table's counters, looked up by its regclass (the name resolved as the
 # queue's own statements resolve it: schema given, or the search_path).
@@ -98,15 +97,18 @@ SLOTS = text(
 )
 
 
-def measure(conn: Connection, table: Table, now: datetime, thresholds: HealthThresholds) -> TableHealth:
-    """The figures of ``table`` and of the transactions that hold back its vacuum, judged at ``now``."""
+def measure(
+    conn: Connection, table: Table, now: datetime, thresholds: HealthThresholds, *, label: str
+) -> TableHealth | None:
+    """The figures of ``table`` and of the transactions that hold back its vacuum, judged at ``now``.
+
+    None when the name does not resolve to a table (``to_regclass``), as the
+    queue's own statements would resolve it.  ``label`` names the database.
+    """
     name = conn.dialect.identifier_preparer.format_table(table)
     row = conn.execute(TABLE_FIGURES, {"table": name}).mappings().first()
     if row is None:
-        raise SchemaMissing(
-            f"the task table {table.name!r} does not exist: "
-            "run `sa-taskqueue migrate` (or `alembic upgrade head`)"
-        )
+        return None
     # Quoted where it must be, so that the advice's VACUUM can be pasted as it is.
     preparer = conn.dialect.identifier_preparer
     shown = f"{preparer.quote_schema(row['schema_name'])}.{preparer.quote(row['table_name'])}"
@@ -126,7 +128,7 @@ def measure(conn: Connection, table: Table, now: datetime, thresholds: HealthThr
             "pg_read_all_stats: their age is unknown here"
         )
     health = TableHealth(
-        database="PostgreSQL",
+        database=label,
         table=shown,
         measured_at=now,
         thresholds=thresholds,

@@ -16,13 +16,15 @@ from datetime import datetime
 
 from sqlalchemy import Connection, Table
 
-from sa_taskqueue.health.figures import Finding, TableHealth
-from sa_taskqueue.health.judge import size_text
-from sa_taskqueue.health.thresholds import HealthThresholds
+from sa_taskqueue.backends.table_health.figures import Finding, TableHealth
+from sa_taskqueue.backends.table_health.judge import size_text
+from sa_taskqueue.backends.table_health.thresholds import HealthThresholds
 
 
-def measure(conn: Connection, table: Table, now: datetime, thresholds: HealthThresholds) -> TableHealth:
-    """The journal mode, WAL size and page counts of the database file holding ``table``."""
+def measure(
+    conn: Connection, table: Table, now: datetime, thresholds: HealthThresholds, *, label: str
+) -> TableHealth:
+    """The journal mode, WAL size and pages of the file holding ``table``; ``label`` names the database."""
     schema = table.schema or "main"
     # The schema of an attached database prefixes its pragmas.
     prefix = f"{conn.dialect.identifier_preparer.quote_identifier(schema)}."
@@ -40,14 +42,14 @@ def measure(conn: Connection, table: Table, now: datetime, thresholds: HealthThr
             wal_bytes = os.path.getsize(f"{path}-wal")
         except FileNotFoundError:
             wal_bytes = 0
-    notes = ["other connections' transactions are not visible on SQLite"]
+    notes = [f"other connections' transactions are not visible on {label}"]
     if path is not None and journal != "wal":
         notes.append(
             f"the database is in {journal} journal mode, not WAL: readers wait while a claim writes "
             "(the queue switches a file to WAL on first use, once no other connection is writing)"
         )
     health = TableHealth(
-        database="SQLite",
+        database=label,
         table=f"{schema}.{table.name}",
         measured_at=now,
         thresholds=thresholds,

@@ -22,9 +22,8 @@ from typing import Any
 from sqlalchemy import Connection, Table, text
 from sqlalchemy.exc import DBAPIError
 
-from sa_taskqueue.backends import backend_for
-from sa_taskqueue.health.figures import Finding, OpenTransaction, TableHealth
-from sa_taskqueue.health.judge import (
+from sa_taskqueue.backends.table_health.figures import Finding, OpenTransaction, TableHealth
+from sa_taskqueue.backends.table_health.judge import (
     QUERY_PREFIX,
     TRANSACTIONS_READ,
     age_since,
@@ -34,7 +33,7 @@ from sa_taskqueue.health.judge import (
     transaction_finding,
     worth_listing,
 )
-from sa_taskqueue.health.thresholds import HealthThresholds
+from sa_taskqueue.backends.table_health.thresholds import HealthThresholds
 
 #: ER_SPECIFIC_ACCESS_DENIED_ERROR: "you need (at least one of) the PROCESS privilege(s)".
 ACCESS_DENIED = 1227
@@ -66,9 +65,14 @@ TRANSACTIONS = text(
 )
 
 
-def measure(conn: Connection, table: Table, now: datetime, thresholds: HealthThresholds) -> TableHealth:
-    """The history list length and the oldest open transactions, judged at ``now``."""
-    backend = backend_for(conn.dialect)
+def measure(
+    conn: Connection, table: Table, now: datetime, thresholds: HealthThresholds, *, label: str, mariadb: bool
+) -> TableHealth:
+    """The history list length and the oldest open transactions, judged at ``now``.
+
+    ``label`` names the database; ``mariadb`` says whether the server is
+    MariaDB, whose settings for ending long transactions have other names.
+    """
     notes: list[str] = []
     history = _privileged(
         conn, lambda: conn.execute(HISTORY_LENGTH).scalar(), "the history list length", notes
@@ -83,7 +87,7 @@ def measure(conn: Connection, table: Table, now: datetime, thresholds: HealthThr
         if row["isolation"] in NO_READ_VIEW and not row["rows_modified"]
     }
     health = TableHealth(
-        database=backend.label,
+        database=label,
         table=".".join(part for part in (table.schema or conn.engine.url.database, table.name) if part),
         measured_at=now,
         thresholds=thresholds,
@@ -91,7 +95,6 @@ def measure(conn: Connection, table: Table, now: datetime, thresholds: HealthThr
         history_list_length=None if history is None else int(history),
         notes=tuple(notes),
     )
-    mariadb = backend.name == "mariadb"
     holders = [tx for tx in transactions if open_too_long(tx, thresholds)]
     findings = [
         transaction_finding(
