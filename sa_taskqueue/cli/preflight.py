@@ -13,35 +13,39 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
+from sa_taskqueue.backends import backend_class, backend_classes
+
+#: The extra that installs every asyncio driver.
+ASYNC_EXTRA = "async"
+
 #: The package extra that installs each driver module, by the module Python failed to import.
 _EXTRA_OF_MODULE = {
-    "psycopg": "postgresql",
-    "psycopg_binary": "postgresql",
-    "pymysql": "mysql",
-    "oracledb": "oracle",
-    "asyncpg": "async",
-    "aiomysql": "async",
-    "asyncmy": "async",
-    "aiosqlite": "async",
+    **{module: ASYNC_EXTRA for backend in backend_classes() for module in backend.async_driver_modules},
+    **{
+        module: backend.driver_extra
+        for backend in backend_classes()
+        if backend.driver_extra is not None
+        for module in backend.driver_modules
+    },
 }
 
 #: SQLAlchemy's default driver for a URL that names none, which no extra
 #: installs: the extra installs another driver, named in the URL instead.
 _DEFAULT_DRIVERS = {
-    "psycopg2": ("postgresql", "postgresql+psycopg://"),
-    "MySQLdb": ("mysql", "mysql+pymysql://"),
-    "cx_Oracle": ("oracle", "oracle+oracledb://"),
+    backend.unnamed_driver[0]: (backend.driver_extra, backend.unnamed_driver[1])
+    for backend in backend_classes()
+    if backend.unnamed_driver is not None and backend.driver_extra is not None
 }
 
 
-def missing_sqlite_file(url: str | sa.URL) -> str | None:
-    """The path of the SQLite file ``url`` names when there is no such file, else None.
+def missing_database_file(url: str | sa.URL) -> str | None:
+    """The path of the database file ``url`` names (SQLite's) when there is no such file, else None.
 
-    Only a file database is checked: ``:memory:``, an empty path (a
-    temporary database) and any other database answer None.
+    Only a file database is checked (`Backend.file_database`): ``:memory:``,
+    an empty path (a temporary database) and any other database answer None.
     """
     parsed = sa.make_url(url)
-    if parsed.drivername.partition("+")[0] != "sqlite":
+    if not backend_class(parsed.get_backend_name()).file_database:
         return None
     database = parsed.database or ""
     if parsed.query.get("uri") in ("true", "1") or database.startswith("file:"):
@@ -53,6 +57,18 @@ def missing_sqlite_file(url: str | sa.URL) -> str | None:
     if database in ("", ":memory:"):
         return None
     return None if Path(database).exists() else database
+
+
+def missing_database_message(url: str | sa.URL) -> str | None:
+    """What to say when the database file ``url`` names is not there (`missing_database_file`), else None."""
+    missing = missing_database_file(url)
+    if missing is None:
+        return None
+    return f"no {backend_class(sa.make_url(url).get_backend_name()).label} database at {missing}"
+
+
+#: The name this check had before; the same function.
+missing_sqlite_file = missing_database_file
 
 
 def driver_hint(module: str | None, url: str | sa.URL | None) -> str:
@@ -67,16 +83,13 @@ def driver_hint(module: str | None, url: str | sa.URL | None) -> str:
     # An async driver's extra first: psycopg's async dialect needs psycopg
     # too, but an async application wants everything async installed.
     extra = (
-        ("async" if parsed is not None and _is_async(parsed) else None)
+        (ASYNC_EXTRA if parsed is not None and _is_async(parsed) else None)
         or _EXTRA_OF_MODULE.get(top)
-        or (_EXTRA_OF_BACKEND.get(parsed.drivername.partition("+")[0]) if parsed is not None else None)
+        or (backend_class(parsed.get_backend_name()).driver_extra if parsed is not None else None)
     )
     if extra is None:
         return f"install the package that provides {top or 'it'}"
     return f"pip install 'sa_taskqueue[{extra}]'"
-
-
-_EXTRA_OF_BACKEND = {"postgresql": "postgresql", "mysql": "mysql", "mariadb": "mysql", "oracle": "oracle"}
 
 
 def _parsed(url: str | sa.URL | None) -> sa.URL | None:
@@ -99,4 +112,11 @@ def is_driver(module: str | None) -> bool:
     return top in _EXTRA_OF_MODULE or top in _DEFAULT_DRIVERS
 
 
-__all__ = ["driver_hint", "is_driver", "missing_sqlite_file"]
+__all__ = [
+    "ASYNC_EXTRA",
+    "driver_hint",
+    "is_driver",
+    "missing_database_file",
+    "missing_database_message",
+    "missing_sqlite_file",
+]
