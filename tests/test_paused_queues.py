@@ -17,7 +17,7 @@ from sqlalchemy.dialects import postgresql
 import sa_taskqueue as tq
 from sa_taskqueue.core.types import utcnow
 from sa_taskqueue.strategies.claiming import ClaimRequest, due_clause
-from sa_taskqueue.worker import worker as worker_module
+from sa_taskqueue.worker import claim_loop as claim_loop_module
 from tests.app import executions, make_queue
 from tests.backends import Backend
 from tests.helpers import ROOT, enqueue_one, run_cli, start_cli, wait_until
@@ -170,7 +170,7 @@ def test_a_listening_worker_picks_up_a_resume_at_once(
 ) -> None:
     # Every empty claim waits the whole poll interval (60s): only the
     # notification of the resume can wake the worker within the test's wait.
-    monkeypatch.setattr(worker_module, "MIN_POLL_INTERVAL", 60.0)
+    monkeypatch.setattr(claim_loop_module, "MIN_POLL_INTERVAL", 60.0)
     queue = make_queue(engine, None, timedelta(minutes=5))
     queue.pause("held")
     enqueue_one(queue, engine, "record", {"key": 1}, queue="held")

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 import sa_taskqueue as tq
 from sa_taskqueue.core import notify
-from sa_taskqueue.worker import worker as worker_module
+from sa_taskqueue.worker import services as services_module
 from tests.app import executions
 from tests.backends import Backend, reachable
 from tests.helpers import (
@@ -299,7 +299,7 @@ def test_a_listening_worker_stops_without_waiting_out_its_quiet_connections_wait
         listeners.append(notify.Listener(*args, **kwargs))
         return listeners[-1]
 
-    monkeypatch.setattr(worker_module, "Listener", kept_listener)
+    monkeypatch.setattr(services_module, "Listener", kept_listener)
     worker = tq.Worker(default_queue, poll_interval=0.05)
     runner = threading.Thread(target=worker.run)
     runner.start()
