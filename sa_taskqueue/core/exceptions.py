@@ -8,15 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 from sqlalchemy import Engine, Table, inspect
 from sqlalchemy import exc as sa_exc
 
 from sa_taskqueue.backends import backend_for
-
-if TYPE_CHECKING:
-    from sa_taskqueue.health.self_test import FootingReport
 
 
 class TaskQueueError(Exception):
@@ -33,7 +30,7 @@ class FootingError(TaskQueueError):
     A SKIP LOCKED the server ignores, advisory locks or LISTEN behind a pooler
     in transaction mode: each would let tasks run twice or never wake a
     worker, silently.  The message names each failed check, its cause and
-    the fix; ``report`` is the whole `sa_taskqueue.health.self_test.FootingReport`.
+    the fix; ``report`` is the whole `FootingReport`.
     """
 
     def __init__(self, message: str, report: FootingReport | None = None) -> None:
@@ -220,11 +217,59 @@ def _has_table(engine: Engine, table: Table) -> bool:
         return True
 
 
+@dataclass(frozen=True)
+class Check:
+    """One check of the self-test: what it is about, whether it passed, and what it found."""
+
+    #: ``skip_locked``, ``advisory_lock``, ``conditional_update`` or ``listen``.
+    name: str
+    passed: bool
+    #: What was shown when it passed; the cause and the fix when it failed.
+    detail: str
+    #: How long the check took, in seconds.
+    seconds: float
+
+    def line(self) -> str:
+        """``passed  skip_locked: ...`` or ``FAILED  listen: ...``, for people."""
+        outcome = "passed" if self.passed else "FAILED"
+        return f"{outcome}  {self.name}: {self.detail} ({self.seconds * 1000:.0f} ms)"
+
+
+@dataclass(frozen=True)
+class FootingReport:
+    """The checks one self-test ran, for a worker's start, ``sa-taskqueue doctor`` or monitoring."""
+
+    checks: tuple[Check, ...]
+
+    @property
+    def ok(self) -> bool:
+        return all(check.passed for check in self.checks)
+
+    @property
+    def failures(self) -> list[Check]:
+        return [check for check in self.checks if not check.passed]
+
+    @property
+    def seconds(self) -> float:
+        return sum(check.seconds for check in self.checks)
+
+    def lines(self) -> list[str]:
+        return [check.line() for check in self.checks]
+
+    def raise_if_failed(self) -> None:
+        """Raise `FootingError` naming every failed check, its cause and its fix."""
+        if not self.ok:
+            causes = "; ".join(f"{check.name}: {check.detail}" for check in self.failures)
+            raise FootingError(f"the self-test failed, so this worker will not start: {causes}", self)
+
+
 __all__ = [
+    "Check",
     "DatabaseBusy",
     "DatabaseError",
     "DatabaseUnavailable",
     "FootingError",
+    "FootingReport",
     "MalformedTask",
     "ResultTimeout",
     "SchemaMissing",

@@ -8,11 +8,10 @@ import random
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
 from sa_taskqueue.core import validation
 from sa_taskqueue.core.limits import ColumnLimits
-from sa_taskqueue.features.transactional import without_session
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession, async_scoped_session
@@ -20,7 +19,7 @@ if TYPE_CHECKING:
 
     from sa_taskqueue.core.concurrency import ConcurrencyLimit
     from sa_taskqueue.core.model import TaskMixin
-    from sa_taskqueue.queue import TaskQueue
+    from sa_taskqueue.core.ports import Enqueuer
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -57,7 +56,7 @@ class RegisteredTask(Generic[P, R]):
     a registration, never an importable path.
     """
 
-    def __init__(self, queue: TaskQueue, func: Callable[P, R], name: str, options: TaskOptions) -> None:
+    def __init__(self, queue: Enqueuer, func: Callable[P, R], name: str, options: TaskOptions) -> None:
         self.queue = queue
         self.func = func
         self.name = name
@@ -278,11 +277,7 @@ class TaskWithOptions:
         With an `AsyncSession`, a coroutine to await.
         """
         # (One call for every kind of session: the queue's overloads pick the return type.)
-        enqueue_many = cast(
-            "Callable[..., list[int] | Coroutine[Any, Any, list[int] | None] | None]",
-            self.task.queue.enqueue_many,
-        )
-        return enqueue_many(
+        return self.task.queue.enqueue_many(
             session,
             self.task.name,
             params_list,
@@ -347,3 +342,8 @@ def retry_delay(base: timedelta, attempts: int, cap: timedelta) -> timedelta:
     exponent = min(max(attempts - 1, 0), 32)
     delay = base * (1 << exponent) * random.uniform(1.0, 1.25)
     return min(delay, cap)
+
+
+def without_session(signature: inspect.Signature) -> inspect.Signature:
+    """``signature`` without its first parameter: what a transactional task's enqueued params are bound to."""
+    return signature.replace(parameters=list(signature.parameters.values())[1:])

@@ -25,9 +25,10 @@ from datetime import datetime
 from sqlalchemy import Engine, Table, func, select, update
 
 from sa_taskqueue.backends import backend_for
-from sa_taskqueue.core import control
+from sa_taskqueue.core import control, validation
 from sa_taskqueue.core.control_rows import ensure_row
 from sa_taskqueue.core.notify import control_channel_name
+from sa_taskqueue.features.ports import QueueContext
 
 #: How old the kept set of paused queues may be before a claim reads it again
 #: (seconds), unless a worker with a shorter poll interval asks for less.
@@ -111,4 +112,54 @@ class PausedQueues:
             self.max_age = min(self.max_age, seconds)
 
 
-__all__ = ["DEFAULT_MAX_AGE", "PausedQueues", "read_paused", "set_paused"]
+class QueuePauses:
+    """Pausing for one queue: written to the control table at once, read by claims through a kept copy."""
+
+    def __init__(self, context: QueueContext) -> None:
+        self._context = context
+        #: The paused queues as last read: what claims leave out.
+        self.kept = PausedQueues()
+
+    def set(self, name: str, *, paused: bool) -> None:
+        """Pause or resume queue ``name`` for every worker of the table; committed before this returns."""
+        context = self._context
+        validation.check_queue_name(name, context.limits)
+        now = context.clock()
+        with context.database_errors():
+            context.call(lambda: set_paused(context.engine, context.table, name, paused, now))
+        self.kept.invalidate()
+
+    def read(self) -> list[str]:
+        """The queues paused now, read from the database (and kept for the next claims)."""
+        paused = self._read()
+        self.kept.store(paused)
+        return sorted(paused)
+
+    def current(self) -> frozenset[str]:
+        """The paused queues as kept, read again when older than their maximum age."""
+        return self.kept.current(self._read)
+
+    def narrow(
+        self, queues: tuple[str, ...] | None
+    ) -> tuple[tuple[str, ...] | None, tuple[str, ...] | None] | None:
+        """What a claim of ``queues`` (None: every queue) asks for with the pauses applied.
+
+        The queues left to claim from, and the paused ones to leave out when
+        every queue was asked for; None when every queue asked for is
+        paused, so that the claim sends no query at all.
+        """
+        paused = self.current()
+        if not paused:
+            return queues, None
+        if queues is None:
+            return None, tuple(sorted(paused))
+        left = tuple(name for name in queues if name not in paused)
+        return (left, None) if left else None
+
+    def _read(self) -> frozenset[str]:
+        context = self._context
+        with context.database_errors():
+            return context.call(lambda: read_paused(context.engine, context.table))
+
+
+__all__ = ["DEFAULT_MAX_AGE", "PausedQueues", "QueuePauses", "read_paused", "set_paused"]

@@ -34,10 +34,12 @@ from typing import Any
 
 from sqlalchemy import Engine, Table, select
 
+from sa_taskqueue.core import validation
 from sa_taskqueue.core.exceptions import ResultTimeout, TaskCancelled, TaskFailed, TaskNotFound
 from sa_taskqueue.core.finished import finished_channel_name, wait_key, wait_namespace
 from sa_taskqueue.core.model import FINISHED_STATUSES, TaskStatus
 from sa_taskqueue.core.notify import _sync_listening_engine, can_listen
+from sa_taskqueue.features.ports import QueueContext
 
 logger = logging.getLogger("sa_taskqueue")
 
@@ -402,11 +404,47 @@ def _ids(payload: str) -> set[int]:
     return ids
 
 
+class Results:
+    """Waiting for a task's result: reads of its row, woken early by the finished channel if any."""
+
+    def __init__(self, context: QueueContext) -> None:
+        self._context = context
+        #: Wakes waiters when their task finishes (PostgreSQL); started by the first wait.
+        self.listener = FinishedListener(context.engine, context.table)
+
+    def wait(self, task_id: int, timeout: timedelta | float | None, poll_interval: float) -> Any:
+        """The result of task ``task_id`` once it is finished, as `TaskQueue.result` describes."""
+        validation.check_task_id(task_id)
+        seconds = wait_seconds(timeout)
+        cap = poll_seconds(poll_interval)
+        context = self._context
+
+        def read() -> TaskOutcome:
+            with context.database_errors():
+                return context.call(lambda: read_outcome(context.engine, context.table, task_id))
+
+        return wait_for_result(read, self.listener, task_id, seconds, cap)
+
+    async def wait_async(self, task_id: int, timeout: timedelta | float | None, poll_interval: float) -> Any:
+        """`wait` for a coroutine: the reads are awaited, the pauses never block the running loop."""
+        validation.check_task_id(task_id)
+        seconds = wait_seconds(timeout)
+        cap = poll_seconds(poll_interval)
+        context = self._context
+
+        async def read() -> TaskOutcome:
+            with context.database_errors():
+                return await context.call_async(lambda: read_outcome(context.engine, context.table, task_id))
+
+        return await wait_for_result_async(read, self.listener, task_id, seconds, cap)
+
+
 __all__ = [
     "DEFAULT_POLL_INTERVAL",
     "FIRST_POLL",
     "FinishedListener",
     "Pauses",
+    "Results",
     "TaskOutcome",
     "poll_seconds",
     "read_outcome",

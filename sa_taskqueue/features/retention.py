@@ -16,6 +16,7 @@ and claims, which read only queued rows, never wait for it for long.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from threading import Event
@@ -25,9 +26,10 @@ from sqlalchemy import Delete, Engine, Table, bindparam, delete, or_, select, up
 from sqlalchemy.engine import Dialect
 
 from sa_taskqueue.backends import backend_for
-from sa_taskqueue.core import control
+from sa_taskqueue.core import control, validation
 from sa_taskqueue.core.control_rows import ensure_row
 from sa_taskqueue.core.model import FINISHED_STATUSES, TaskStatus, has_status
+from sa_taskqueue.features.ports import QueueContext
 
 #: Rows per DELETE: small enough to hold its locks for milliseconds.
 DEFAULT_BATCH_SIZE = 500
@@ -170,9 +172,55 @@ def delete_expired(
     return deleted
 
 
+class Retention:
+    """How long one queue keeps its finished tasks, and the batched deletion its workers run.
+
+    ``ages`` is empty when nothing expires; ``interval`` is how often a
+    worker deletes (by default a tenth of the shortest age), None then.
+    """
+
+    def __init__(
+        self,
+        context: QueueContext,
+        ages: Mapping[str | TaskStatus, timedelta] | None,
+        interval: timedelta | None,
+    ) -> None:
+        self._context = context
+        self.ages = check_retention({} if ages is None else ages)
+        self.interval: timedelta | None = None
+        if interval is not None:
+            self.interval = check_interval(interval)
+        elif self.ages:
+            self.interval = default_interval(self.ages)
+
+    def delete_expired(self, *, batch_size: int, holder: str | None, stop: Event | None) -> int:
+        """`delete_expired` of this queue's table, under a lease held in a name of this run's own."""
+        validation.check_positive_int("batch_size", batch_size)
+        if not self.ages:
+            return 0
+        context = self._context
+        # Each run holds the lease under a name of its own: two workers of one
+        # process (or a worker and a direct call) share a worker id, and a
+        # lease its holder may renew would let both delete at once.
+        who = f"{(holder or context.default_worker_id())[:240]}:{secrets.token_hex(4)}"
+        with context.database_errors():
+            return context.call(
+                lambda: delete_expired(
+                    context.engine,
+                    context.table,
+                    self.ages,
+                    holder=who,
+                    clock=context.clock,
+                    batch_size=batch_size,
+                    stop=stop,
+                )
+            )
+
+
 __all__ = [
     "DEFAULT_BATCH_SIZE",
     "LEASE",
+    "Retention",
     "batch_delete",
     "check_interval",
     "check_retention",

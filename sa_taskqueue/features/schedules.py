@@ -28,12 +28,11 @@ from __future__ import annotations
 
 import logging
 import threading
-import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta, tzinfo
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
@@ -45,11 +44,11 @@ from sa_taskqueue.core import control
 from sa_taskqueue.core.bulk_insert import insert_rows
 from sa_taskqueue.core.exceptions import DatabaseUnavailable
 from sa_taskqueue.core.notify import channel_name
+from sa_taskqueue.features.ports import QueueContext
+from sa_taskqueue.strategies.base import ClaimStrategy
 
 if TYPE_CHECKING:
     from sa_taskqueue.core.registered import RegisteredTask
-    from sa_taskqueue.queue import TaskQueue
-    from sa_taskqueue.strategies.base import ClaimStrategy
 
 logger = logging.getLogger("sa_taskqueue")
 
@@ -165,59 +164,100 @@ def slot_key(slot: datetime) -> str:
     return slot.astimezone(UTC).isoformat()
 
 
-def enqueue_due(queue: TaskQueue, periodic: Sequence[PeriodicTask]) -> list[EnqueuedSlot]:
-    """One tick: for each schedule, enqueue its latest due slot unless some worker already did.
+#: Builds the checked row of a periodic task's slot: (name, params, run_at) -> the row's values.
+TaskValues = Callable[[str, dict[str, Any], datetime], dict[str, Any]]
 
-    Each schedule is one short transaction of its own (and, the first time,
-    one more to create its row); a schedule that is up to date costs one
-    UPDATE that matches nothing.
-    """
-    now = queue.clock()
-    strategy = queue.strategy  # resolved here: it may connect, through the bridge itself
-    controls = control.control_table_of(queue.table)
-    enqueued: list[EnqueuedSlot] = []
-    seen = _rows_seen.setdefault(queue, set())
-    for entry in periodic:
-        slot = entry.schedule.latest_slot(now)
-        if slot is None:
-            continue
-        # Checked before any SQL: the row is built once, the same for every worker.
-        values = queue._task_values(entry.name, entry.params, None, None, slot, None)
-        values["unique_key"] = slot_key(slot)
 
-        advance = partial(_advance_in_transaction, queue, strategy, controls, entry.name, slot, now, values)
-        with queue._database_errors():
-            outcome = queue._bridge.call(advance)
-            # No row changed: up to date, or no row yet.  Only a schedule this
-            # process has not seen a row of tries to create one, so an up to
-            # date schedule costs its one UPDATE.
-            if outcome is _NO_ROW and entry.name not in seen:
-                create = partial(_create_row, queue, strategy, controls, entry.name, slot, now)
-                created = queue._bridge.call(create)
+class Schedules:
+    """The periodic tasks of one queue, and the tick that enqueues each due slot exactly once."""
+
+    def __init__(self, context: QueueContext, task_values: TaskValues) -> None:
+        self._context = context
+        self._task_values = task_values
+        self._periodic: dict[str, PeriodicTask] = {}
+        #: The schedules this queue has found a row of, in this process.
+        self._rows_seen: set[str] = set()
+
+    def add(self, periodic: PeriodicTask) -> None:
+        """Register ``periodic`` (replacing one of the same name)."""
+        self._periodic[periodic.name] = periodic
+
+    @property
+    def tasks(self) -> list[PeriodicTask]:
+        """The periodic tasks, by name."""
+        return [self._periodic[name] for name in sorted(self._periodic)]
+
+    def enqueue_due(self) -> list[EnqueuedSlot]:
+        """One tick: for each schedule, enqueue its latest due slot unless some worker already did.
+
+        Each schedule is one short transaction of its own (and, the first time,
+        one more to create its row); a schedule that is up to date costs one
+        UPDATE that matches nothing.
+        """
+        context = self._context
+        now = context.clock()
+        strategy = context.strategy  # resolved here: it may connect, through the bridge itself
+        controls = control.control_table_of(context.table)
+        enqueued: list[EnqueuedSlot] = []
+        seen = self._rows_seen
+        for entry in self.tasks:
+            slot = entry.schedule.latest_slot(now)
+            if slot is None:
+                continue
+            # Checked before any SQL: the row is built once, the same for every worker.
+            values = self._task_values(entry.name, entry.params, slot)
+            values["unique_key"] = slot_key(slot)
+
+            advance = partial(
+                _advance_in_transaction, context, strategy, controls, entry.name, slot, now, values
+            )
+            with context.database_errors():
+                outcome = context.call(advance)
+                # No row changed: up to date, or no row yet.  Only a schedule this
+                # process has not seen a row of tries to create one, so an up to
+                # date schedule costs its one UPDATE.
+                if outcome is _NO_ROW and entry.name not in seen:
+                    create = partial(_create_row, context, strategy, controls, entry.name, slot, now)
+                    created = context.call(create)
+                    seen.add(entry.name)
+                    if created:
+                        logger.info(
+                            "periodic task %s seen for the first time: slot %s recorded, not run; "
+                            "next slot %s",
+                            entry.name,
+                            slot.isoformat(),
+                            _iso(entry.schedule.next_slot(now)),
+                        )
+            if isinstance(outcome, EnqueuedSlot):
                 seen.add(entry.name)
-                if created:
-                    logger.info(
-                        "periodic task %s seen for the first time: slot %s recorded, not run; next slot %s",
-                        entry.name,
-                        slot.isoformat(),
-                        _iso(entry.schedule.next_slot(now)),
-                    )
-        if isinstance(outcome, EnqueuedSlot):
-            seen.add(entry.name)
-            enqueued.append(outcome)
-            logger.info("periodic task %s: enqueued slot %s as task %s", entry.name, slot, outcome.task_id)
-    return enqueued
+                enqueued.append(outcome)
+                logger.info(
+                    "periodic task %s: enqueued slot %s as task %s", entry.name, slot, outcome.task_id
+                )
+        return enqueued
 
 
-#: The schedules each queue has found a row of, in this process.
-_rows_seen: weakref.WeakKeyDictionary[TaskQueue, set[str]] = weakref.WeakKeyDictionary()
+class ScheduleSource(Protocol):
+    """What a worker's schedule thread ticks: the queue's `TaskQueue.enqueue_due_schedules`."""
+
+    @property
+    def periodic_tasks(self) -> list[PeriodicTask]:
+        """The periodic tasks registered, by name."""
+
+    @property
+    def clock(self) -> Callable[[], datetime]:
+        """The queue's clock: slots are counted on it."""
+
+    def enqueue_due_schedules(self) -> list[EnqueuedSlot]:
+        """Enqueue each periodic task's latest due slot that no one enqueued yet."""
+
 
 #: What `_advance` returns when its UPDATE changed no row: up to date, or no row yet.
 _NO_ROW = object()
 
 
 def _advance_in_transaction(
-    queue: TaskQueue,
+    context: QueueContext,
     strategy: ClaimStrategy,
     controls: Table,
     name: str,
@@ -225,16 +265,16 @@ def _advance_in_transaction(
     now: datetime,
     values: dict[str, Any],
 ) -> EnqueuedSlot | object:
-    with strategy.transaction(queue.engine) as conn:
-        return _advance(conn, controls, queue.table, name, slot, now, values)
+    with strategy.transaction(context.engine) as conn:
+        return _advance(conn, controls, context.table, name, slot, now, values)
 
 
 def _create_row(
-    queue: TaskQueue, strategy: ClaimStrategy, controls: Table, name: str, slot: datetime, now: datetime
+    context: QueueContext, strategy: ClaimStrategy, controls: Table, name: str, slot: datetime, now: datetime
 ) -> bool:
     """Insert the schedule's row with ``slot`` as done; False if another worker created it first."""
     try:
-        with strategy.transaction(queue.engine) as conn:
+        with strategy.transaction(context.engine) as conn:
             conn.execute(
                 insert(controls).values(kind=control.SCHEDULE, name=name, last_slot=slot, updated_at=now)
             )
@@ -328,7 +368,7 @@ def next_wake(periodic: Sequence[PeriodicTask], now: datetime) -> datetime | Non
 
 
 def run_ticker(
-    queue: TaskQueue,
+    queue: ScheduleSource,
     stopped: threading.Event,
     poll_interval: float,
     enqueued: Callable[[], None],
@@ -343,7 +383,7 @@ def run_ticker(
     while not stopped.is_set():
         periodic = queue.periodic_tasks
         try:
-            if enqueue_due(queue, periodic):
+            if queue.enqueue_due_schedules():
                 enqueued()
         except DatabaseUnavailable as error:
             # The claim loop says so once; the next tick after the outage catches up.
@@ -372,8 +412,9 @@ __all__ = [
     "EnqueuedSlot",
     "PeriodicTask",
     "Schedule",
+    "ScheduleSource",
+    "Schedules",
     "advance_statement",
-    "enqueue_due",
     "last_slots",
     "next_wake",
     "report",

@@ -26,9 +26,9 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, Engine
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import Session
 
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
     from sa_taskqueue.core.claimed import ClaimedTask
-    from sa_taskqueue.queue import TaskQueue
+    from sa_taskqueue.core.registered import RegisteredTask
 
 logger = logging.getLogger("sa_taskqueue")
 
@@ -72,7 +72,25 @@ def check_transactional(func: Callable[..., Any], task_name: str, *, queue_is_as
         )
 
 
-def check_no_transactional(queue: TaskQueue) -> None:
+class TransactionalQueue(Protocol):
+    """What running a transactional task needs of its queue."""
+
+    @property
+    def engine(self) -> Engine:
+        """The engine the task's session and its completion share a connection of."""
+
+    @property
+    def task_names(self) -> list[str]:
+        """The names registered."""
+
+    def registered(self, name: str) -> RegisteredTask[Any, Any] | None:
+        """The task registered under ``name``, or None."""
+
+    def complete_in(self, conn: Connection, claimed: ClaimedTask, result: Any = None) -> bool:
+        """Write the completion in ``conn``'s open transaction if the claim still holds the task."""
+
+
+def check_no_transactional(queue: TransactionalQueue) -> None:
     """Refuse to start a worker with ``isolation="process"`` on a queue with transactional tasks.
 
     The task's transaction must end with the completion the worker writes;
@@ -88,7 +106,7 @@ def check_no_transactional(queue: TaskQueue) -> None:
         )
 
 
-def _is_transactional(queue: TaskQueue, name: str) -> bool:
+def _is_transactional(queue: TransactionalQueue, name: str) -> bool:
     registered = queue.registered(name)
     return registered is not None and registered.options.transactional
 
@@ -103,11 +121,6 @@ def session_parameter(func: Callable[..., Any]) -> inspect.Parameter | None:
     if not parameters or parameters[0].kind not in positional:
         return None
     return parameters[0]
-
-
-def without_session(signature: inspect.Signature) -> inspect.Signature:
-    """``signature`` without its first parameter: what enqueued params are bound to."""
-    return signature.replace(parameters=list(signature.parameters.values())[1:])
 
 
 def out_of_autocommit(conn: Connection) -> Connection:
@@ -145,7 +158,7 @@ class SyncRun:
     or rolls it back, and always closes the connection.
     """
 
-    def __init__(self, queue: TaskQueue, func: Callable[..., Any]) -> None:
+    def __init__(self, queue: TransactionalQueue, func: Callable[..., Any]) -> None:
         self.queue = queue
         self.func = func
         self.conn: Connection | None = None
@@ -193,7 +206,7 @@ class SyncRun:
 class AsyncRun:
     """As `SyncRun`, for an ``async def``: an `AsyncSession` on the queue's `AsyncEngine`, on its loop."""
 
-    def __init__(self, queue: TaskQueue, func: Callable[..., Any]) -> None:
+    def __init__(self, queue: TransactionalQueue, func: Callable[..., Any]) -> None:
         self.queue = queue
         self.func = func
         self.conn: AsyncConnection | None = None
@@ -280,5 +293,4 @@ __all__ = [
     "check_no_transactional",
     "check_transactional",
     "session_parameter",
-    "without_session",
 ]

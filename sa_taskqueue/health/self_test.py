@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import Connection, Engine, Table, delete, func, insert, select, update
 from sqlalchemy.exc import DBAPIError
@@ -46,17 +46,15 @@ from sqlalchemy.pool import SingletonThreadPool, StaticPool
 
 from sa_taskqueue.backends import backend_for
 from sa_taskqueue.core.control import control_table_of
-from sa_taskqueue.core.exceptions import FootingError, translate_database_errors
+from sa_taskqueue.core.exceptions import Check, FootingError, FootingReport, translate_database_errors
 from sa_taskqueue.core.notify import can_listen, listening_engine
 from sa_taskqueue.core.types import utcnow
+from sa_taskqueue.features.ports import QueueContext
 from sa_taskqueue.features.transactional import out_of_autocommit
 from sa_taskqueue.strategies.advisory import AdvisoryLocks, AdvisoryLockStrategy
 from sa_taskqueue.strategies.base import ClaimStrategy
 from sa_taskqueue.strategies.conditional import ConditionalUpdateStrategy
 from sa_taskqueue.strategies.skip_locked import SkipLockedStrategy
-
-if TYPE_CHECKING:
-    from sa_taskqueue.queue import TaskQueue
 
 #: The control table's ``kind`` of the self-test's probe rows.
 PROBE_KIND = "footing"
@@ -71,53 +69,7 @@ TRANSACTION_POOLING = "PgBouncer (or another pooler) in transaction pooling mode
 SESSION_FIX = "put the workers behind a pooler in session mode, or connect them to the server directly"
 
 
-@dataclass(frozen=True)
-class Check:
-    """One check of the self-test: what it is about, whether it passed, and what it found."""
-
-    #: ``skip_locked``, ``advisory_lock``, ``conditional_update`` or ``listen``.
-    name: str
-    passed: bool
-    #: What was shown when it passed; the cause and the fix when it failed.
-    detail: str
-    #: How long the check took, in seconds.
-    seconds: float
-
-    def line(self) -> str:
-        """``passed  skip_locked: ...`` or ``FAILED  listen: ...``, for people."""
-        outcome = "passed" if self.passed else "FAILED"
-        return f"{outcome}  {self.name}: {self.detail} ({self.seconds * 1000:.0f} ms)"
-
-
-@dataclass(frozen=True)
-class FootingReport:
-    """The checks one self-test ran, for a worker's start, ``sa-taskqueue doctor`` or monitoring."""
-
-    checks: tuple[Check, ...]
-
-    @property
-    def ok(self) -> bool:
-        return all(check.passed for check in self.checks)
-
-    @property
-    def failures(self) -> list[Check]:
-        return [check for check in self.checks if not check.passed]
-
-    @property
-    def seconds(self) -> float:
-        return sum(check.seconds for check in self.checks)
-
-    def lines(self) -> list[str]:
-        return [check.line() for check in self.checks]
-
-    def raise_if_failed(self) -> None:
-        """Raise `FootingError` naming every failed check, its cause and its fix."""
-        if not self.ok:
-            causes = "; ".join(f"{check.name}: {check.detail}" for check in self.failures)
-            raise FootingError(f"the self-test failed, so this worker will not start: {causes}", self)
-
-
-def check_footing(queue: TaskQueue, *, listen: bool = True) -> FootingReport:
+def check_footing(queue: QueueContext, *, listen: bool = True) -> FootingReport:
     """Run the checks the queue's strategy needs, and LISTEN's where a worker would listen.
 
     ``listen=False`` leaves LISTEN out (a worker that polls).  A database
@@ -127,14 +79,14 @@ def check_footing(queue: TaskQueue, *, listen: bool = True) -> FootingReport:
     strategy = queue.strategy
     checks: list[Check] = []
     for name, run in _lock_checks(strategy):
-        checks.append(_timed(name, partial(queue.run_sync, partial(run, queue, strategy))))
+        checks.append(_timed(name, partial(queue.call, partial(run, queue, strategy))))
     if listen and can_listen(queue.engine):
         checks.append(_timed("listen", partial(_listen, queue)))
     return FootingReport(tuple(checks))
 
 
 Finding = tuple[bool, str]
-LockCheck = Callable[["TaskQueue", ClaimStrategy], Finding]
+LockCheck = Callable[["QueueContext", ClaimStrategy], Finding]
 
 
 def _lock_checks(strategy: ClaimStrategy) -> list[tuple[str, LockCheck]]:
@@ -157,7 +109,7 @@ def _timed(name: str, run: Callable[[], Finding]) -> Check:
 # SKIP LOCKED -----------------------------------------------------------------------
 
 
-def _skip_locked(queue: TaskQueue, strategy: ClaimStrategy) -> Finding:
+def _skip_locked(queue: QueueContext, strategy: ClaimStrategy) -> Finding:
     engine = queue.engine
     backend = backend_for(engine.dialect)
     control = control_table_of(queue.table)
@@ -209,7 +161,7 @@ def _ignores_skip_locked(label: str, what: str) -> str:
 # Advisory locks ---------------------------------------------------------------------
 
 
-def _advisory_lock(queue: TaskQueue, strategy: ClaimStrategy) -> Finding:
+def _advisory_lock(queue: QueueContext, strategy: ClaimStrategy) -> Finding:
     engine = queue.engine
     backend = backend_for(engine.dialect)
     locks = AdvisoryLocks(engine, queue.table)
@@ -280,7 +232,7 @@ def _shared_sessions(holder: list[object], other: object) -> str | None:
 # Conditional UPDATE ---------------------------------------------------------------------
 
 
-def _conditional_update(queue: TaskQueue, strategy: ClaimStrategy) -> Finding:
+def _conditional_update(queue: QueueContext, strategy: ClaimStrategy) -> Finding:
     engine = queue.engine
     backend = backend_for(engine.dialect)
     if isinstance(engine.pool, SingletonThreadPool | StaticPool):
@@ -321,7 +273,7 @@ def _conditional_update(queue: TaskQueue, strategy: ClaimStrategy) -> Finding:
 # LISTEN ----------------------------------------------------------------------------------
 
 
-def _listen(queue: TaskQueue) -> Finding:
+def _listen(queue: QueueContext) -> Finding:
     """LISTEN as the worker's listener does, NOTIFY from the queue's engine, and wait for it."""
     engine = queue.engine
     backend = backend_for(engine.dialect)
@@ -338,7 +290,7 @@ def _listen(queue: TaskQueue) -> Finding:
             driver.autocommit = True
             driver.execute(f"LISTEN {quote(channel)}")
             listener_session = driver.execute(ask_session).fetchone()[0] if ask_session else None
-            notifier_session = queue.run_sync(lambda: _notify(engine, channel, payload))
+            notifier_session = queue.call(lambda: _notify(engine, channel, payload))
             arrived = any(
                 note.channel == channel and note.payload == payload
                 for note in driver.notifies(timeout=LISTEN_WAIT, stop_after=1)

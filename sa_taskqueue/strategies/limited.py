@@ -29,10 +29,12 @@ deadlock: the one it rolls back tries again the same way.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from sqlalchemy import Connection, Engine, Select, Table, bindparam, or_, select, update
+from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from sa_taskqueue.backends import backend_for
@@ -45,9 +47,20 @@ from sa_taskqueue.strategies.claiming import (
     name_params,
     read_back,
 )
+from sa_taskqueue.strategies.executor import StatementExecutor
 
-if TYPE_CHECKING:
-    from sa_taskqueue.strategies.base import ClaimStrategy
+
+class LimitedClaimer(Protocol):
+    """What the limited claim needs of the strategy running it (`ClaimStrategy` satisfies it)."""
+
+    executor: StatementExecutor
+
+    def transaction(self, engine: Engine) -> AbstractContextManager[Connection]:
+        """A connection in a transaction of the strategy's kind, committed when the block ends."""
+
+    def limited_candidates(self, dialect: Dialect, query: Select[Any], request: ClaimRequest) -> Any:
+        """The candidates query as the strategy locks it (or not)."""
+
 
 CANDIDATE_ID = "limited_id"
 CANDIDATE_ATTEMPTS = "limited_attempts"
@@ -114,7 +127,7 @@ def candidate_window(request: ClaimRequest) -> int:
 
 
 def claim_limited(
-    strategy: ClaimStrategy, engine: Engine, table: Table, request: ClaimRequest, limits: Limits
+    strategy: LimitedClaimer, engine: Engine, table: Table, request: ClaimRequest, limits: Limits
 ) -> list[dict[str, Any]]:
     """Claim up to ``request.limit`` tasks of ``limits``' names (``request.names``), each into a free slot."""
     for _ in range(TRIES):
@@ -141,7 +154,7 @@ def lost_slot_race(engine: Engine, error: DBAPIError) -> bool:
 
 
 def _claim(
-    strategy: ClaimStrategy, conn: Connection, table: Table, request: ClaimRequest, limits: Limits
+    strategy: LimitedClaimer, conn: Connection, table: Table, request: ClaimRequest, limits: Limits
 ) -> list[dict[str, Any]]:
     params = request.params()
     taken = taken_slots(conn, table, request, limits)

@@ -1,0 +1,146 @@
+"""`Enqueuing`: a registered task's rows, checked in full, then added to the caller's session.
+
+Every argument is checked before anything touches the database; the rows
+go into the caller's transaction (one ORM object for `enqueue`, multi-row
+INSERTs or COPY for `enqueue_many`) and exist exactly when it commits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
+from typing import Any, cast
+
+from sqlalchemy.orm import Session
+
+from sa_taskqueue.core import validation
+from sa_taskqueue.core.bulk_insert import insert_rows
+from sa_taskqueue.core.model import TaskMixin
+from sa_taskqueue.core.notify import notify_enqueued
+from sa_taskqueue.core.registered import RegisteredTask
+from sa_taskqueue.core.task_rows import TaskRows
+from sa_taskqueue.features import unique
+from sa_taskqueue.queue.parts import QueueParts
+
+
+class Enqueuing:
+    """Builds and writes the rows of one queue's enqueues; the registrations are the queue's."""
+
+    def __init__(
+        self, parts: QueueParts, model: type[TaskMixin], tasks: Mapping[str, RegisteredTask[Any, Any]]
+    ) -> None:
+        self._parts = parts
+        self._model = model
+        self._tasks = tasks
+
+    def add(self, session: Session, values: dict[str, Any]) -> TaskMixin:
+        """One task row added to ``session`` and flushed (a held unique key returns the task holding it)."""
+        if "unique_key" in values:
+            return unique.add(session, self._model, values)
+        # The mixin declares no constructor; the mapped subclass gets the declarative one.
+        task = cast("Callable[..., TaskMixin]", self._model)(**values)
+        session.add(task)
+        session.flush()  # which checks the row again and sends its NOTIFY (sa_taskqueue.core.session_events)
+        return task
+
+    def insert(
+        self, session: Session, rows: Sequence[Mapping[str, Any]], chunk_size: int
+    ) -> list[int] | None:
+        """Many rows in the session's transaction, without ORM objects; their ids where the database says."""
+        if not rows:
+            return []
+        table = self._parts.table
+        if "unique_key" in rows[0]:  # (a key for one row is a key for all: unique_key or unique_by)
+            return unique.add_many(session, table, rows)
+        ids = insert_rows(session.connection(), table, rows, chunk_size=chunk_size)
+        queues = rows.distinct("queue") if isinstance(rows, TaskRows) else {row["queue"] for row in rows}
+        notify_enqueued(session, table, queues)
+        return ids
+
+    def task_values(
+        self,
+        name: str,
+        params: dict[str, Any] | None,
+        queue: str | None,
+        priority: int | None,
+        run_at: datetime | None,
+        max_attempts: int | None,
+        unique_key: str | None = None,
+    ) -> dict[str, Any]:
+        """A registered task's row: the call's values, else the registration's defaults, all checked.
+
+        Params are checked against the task function's signature too.  A
+        ``unique_key`` column is there only for a keyed task.
+        """
+        if not isinstance(name, str):
+            raise TypeError(f"name must be a string, got {type(name).__name__}")
+        registered = self._tasks.get(name)
+        if registered is None:
+            known = ", ".join(repr(n) for n in sorted(self._tasks)) or "none"
+            raise ValueError(f"name: no task registered under {name!r} (registered: {known})")
+        options = registered.options
+        values = validation.task_values(
+            name,
+            {} if params is None else params,
+            queue=options.queue if queue is None else queue,
+            priority=options.priority if priority is None else priority,
+            max_attempts=options.max_attempts if max_attempts is None else max_attempts,
+            run_at=run_at,
+            now=self._parts.clock(),
+            limits=self._parts.limits,
+        )
+        return self._with_params(registered, values, values["params"], unique_key)
+
+    def many_task_values(
+        self,
+        name: str,
+        params_list: list[dict[str, Any] | None],
+        queue: str | None,
+        priority: int | None,
+        run_at: datetime | None,
+        max_attempts: int | None,
+        unique_key: str | None,
+    ) -> Sequence[Mapping[str, Any]]:
+        """The rows of one ``enqueue_many``, every one checked before any is written.
+
+        The options all rows share (name, queue, priority, run_at, max_attempts,
+        and the call's time as created_at) are checked once, with the first
+        row; each row's params are checked on their own, as ``enqueue`` checks them.
+        """
+        if not params_list:
+            return []
+        first = self.task_values(name, params_list[0], queue, priority, run_at, max_attempts, unique_key)
+        registered = self._tasks[name]
+        # Only params and the keys made from them differ from row to row.
+        varying: dict[str, list[Any]] = {
+            column: [first.pop(column)]
+            for column in ("params", "concurrency_key", "unique_key")
+            if column in first
+        }
+        for params in params_list[1:]:
+            params = {} if params is None else params
+            validation.check_params(params)
+            for column, value in self._with_params(registered, {}, params, unique_key).items():
+                varying[column].append(value)
+        return TaskRows(first, varying)
+
+    def _with_params(
+        self,
+        registered: RegisteredTask[Any, Any],
+        values: dict[str, Any],
+        params: dict[str, Any],
+        unique_key: str | None,
+    ) -> dict[str, Any]:
+        """``values`` with ``params`` (already checked as JSON), checked against the task and keyed."""
+        options = registered.options
+        registered.check_params(params)
+        values["params"] = params
+        if options.concurrency is not None:
+            values["concurrency_key"] = options.concurrency.key_of(params)
+        key = unique.key_of(unique_key, options.unique_by, params, registered.name, self._parts.limits)
+        if key is not None:
+            values["unique_key"] = key
+        return values
+
+
+__all__ = ["Enqueuing"]
