@@ -110,11 +110,28 @@ def backend_for(dialect: Dialect) -> Backend:
     return found
 
 
+#: Which databases an option or a strategy that one kind of server answers applies to, in words for
+#: people: the command line's help and the errors that name them take it from here.
+SERVED_BY = {
+    "listen": "PostgreSQL",
+    "dead_rows": "PostgreSQL",
+    "history_list": "MySQL, MariaDB",
+    "wal": "SQLite",
+    "advisory_locks": "PostgreSQL (pg_try_advisory_lock) or MySQL/MariaDB (GET_LOCK)",
+}
+
+
+def local_file_url(filename: str) -> str:
+    """The URL of a database in the local file ``filename`` (SQLite's), for the demo."""
+    return f"sqlite:///{filename}"
+
+
 __all__ = [
     "ANY_DIALECT",
     "BACKENDS",
     "CONDITIONAL_UPDATE",
     "FETCH_ROWS_OPTION",
+    "SERVED_BY",
     "SKIP_LOCKED",
     "Backend",
     "BulkCopier",
@@ -128,6 +145,7 @@ __all__ = [
     "backend_for",
     "dialects_with",
     "known_dialect",
+    "local_file_url",
     "loop_bound_drivers",
     "partial_index_dialects",
 ]

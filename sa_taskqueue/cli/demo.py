@@ -19,10 +19,11 @@ from datetime import timedelta
 import sqlalchemy as sa
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
+from sa_taskqueue.backends import local_file_url
 from sa_taskqueue.core.model import TaskMixin, TaskStatus
 from sa_taskqueue.queue import TaskQueue
 
-DEFAULT_URL = "sqlite:///sa_taskqueue_demo.db"
+DEFAULT_URL = local_file_url("sa_taskqueue_demo.db")
 
 
 class DemoBase(DeclarativeBase):

@@ -25,10 +25,10 @@ from rich.console import Console
 from rich.table import Table as RichTable
 
 from sa_taskqueue import __version__
-from sa_taskqueue.backends import backend_for
+from sa_taskqueue.backends import SERVED_BY, backend_for
 from sa_taskqueue.cli import params as cli_params
 from sa_taskqueue.cli.demo import DEFAULT_URL, run_demo
-from sa_taskqueue.cli.preflight import driver_hint, is_driver, missing_sqlite_file
+from sa_taskqueue.cli.preflight import driver_hint, is_driver, missing_database_message
 from sa_taskqueue.cli.render import human_age, print_list, print_task, row_json, rows_json
 from sa_taskqueue.core import validation
 from sa_taskqueue.core.exceptions import (
@@ -293,7 +293,10 @@ WORKER_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
     click.option(
         "--no-listen",
         is_flag=True,
-        help="Poll for work instead of waiting on LISTEN (PostgreSQL): for a pooler in transaction mode.",
+        help=(
+            f"Poll for work instead of waiting on LISTEN ({SERVED_BY['listen']}): "
+            "for a pooler in transaction mode."
+        ),
     ),
     click.option(
         "--no-self-test",
@@ -453,10 +456,10 @@ def _target(ctx: click.Context, app: str | None, url: str | None) -> Target:
         loaded = load_queue(app)
         queue = TaskQueue(_engine(url), model=loaded.model) if url_given else loaded
     where = _database_url(queue)
-    missing = missing_sqlite_file(where)
+    missing = missing_database_message(where)
     if missing is not None:
         # The driver would create an empty file there; only `migrate` should.
-        raise Failure(f"no SQLite database at {missing}")
+        raise Failure(missing)
     return Target(queue, loaded, where)
 
 
@@ -895,7 +898,7 @@ _THRESHOLD_OPTIONS = [
         "--max-dead-rows",
         type=cli_params.THRESHOLD_COUNT,
         default=None,
-        help="PostgreSQL: flag more dead rows than this (default 10000)...",
+        help=f"{SERVED_BY['dead_rows']}: flag more dead rows than this (default 10000)...",
     ),
     click.option(
         "--max-dead-row-ratio",
@@ -907,13 +910,13 @@ _THRESHOLD_OPTIONS = [
         "--max-history-list-length",
         type=cli_params.THRESHOLD_COUNT,
         default=None,
-        help="MySQL, MariaDB: flag more unpurged undo records than this (default 100000).",
+        help=f"{SERVED_BY['history_list']}: flag more unpurged undo records than this (default 100000).",
     ),
     click.option(
         "--max-wal-bytes",
         type=cli_params.THRESHOLD_COUNT,
         default=None,
-        help="SQLite: flag a WAL file larger than this (default 64 MiB).",
+        help=f"{SERVED_BY['wal']}: flag a WAL file larger than this (default 64 MiB).",
     ),
 ]
 

@@ -67,10 +67,6 @@ def missing_database_message(url: str | sa.URL) -> str | None:
     return f"no {backend_class(sa.make_url(url).get_backend_name()).label} database at {missing}"
 
 
-#: The name this check had before; the same function.
-missing_sqlite_file = missing_database_file
-
-
 def driver_hint(module: str | None, url: str | sa.URL | None) -> str:
     """What to install when the driver ``module`` (Python's ModuleNotFoundError.name) is missing."""
     top = (module or "").split(".")[0]
@@ -118,5 +114,4 @@ __all__ = [
     "is_driver",
     "missing_database_file",
     "missing_database_message",
-    "missing_sqlite_file",
 ]

@@ -83,10 +83,7 @@ def batch_delete(dialect: Dialect, table: Table, status: TaskStatus, batch_size:
     )
     if backend_for(dialect).delete_with_limit:
         # MySQL, MariaDB: DELETE ... LIMIT n (the IN subquery may not be limited).
-        # SQLAlchemy reads the option under the dialect's name: mysql:// or mariadb://.
-        return (
-            delete(table).where(*old).with_dialect_options(mysql_limit=batch_size, mariadb_limit=batch_size)
-        )
+        return backend_for(dialect).limit_delete(delete(table).where(*old), batch_size)
     # PostgreSQL, SQLite: LIMIT n in the subquery; Oracle: FETCH FIRST n ROWS ONLY.  The
     # conditions stand in the outer WHERE too: a row the subquery picked that
     # another transaction changes meanwhile (a retry puts it back in the queue)

@@ -34,7 +34,7 @@ from sqlalchemy import ColumnElement, Connection, Engine, Table, select, update
 from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import DBAPIError
 
-from sa_taskqueue.backends import backend_for
+from sa_taskqueue.backends import SERVED_BY, backend_for
 from sa_taskqueue.core.claimed import ClaimedTask, ClaimKey
 from sa_taskqueue.core.finished import notify_finished
 from sa_taskqueue.core.model import TaskStatus, has_status
@@ -131,7 +131,7 @@ class AdvisoryLockStrategy(ClaimStrategy):
         if backend_for(dialect).advisory_locks:
             return None
         return (
-            f"advisory_lock needs PostgreSQL (pg_try_advisory_lock) or MySQL/MariaDB (GET_LOCK); "
+            f"advisory_lock needs {SERVED_BY['advisory_locks']}; "
             f"the {dialect.name!r} dialect has no advisory locks"
         )
 
