@@ -22,14 +22,15 @@ from sa_taskqueue.worker.slots import WorkerState, ids
 
 logger = logging.getLogger("sa_taskqueue")
 
-#: The kinds the log subscriber turns into lines.
-LOGGED_KINDS = (
-    EventKind.STARTED,
-    EventKind.SUCCEEDED,
-    EventKind.FAILED,
-    EventKind.RETRIED,
-    EventKind.GIVEN_BACK,
-)
+#: The kinds the log subscriber turns into lines, and the level of each line.
+LOG_LEVELS = {
+    EventKind.STARTED: logging.INFO,
+    EventKind.SUCCEEDED: logging.INFO,
+    EventKind.FAILED: logging.WARNING,
+    EventKind.RETRIED: logging.WARNING,
+    EventKind.GIVEN_BACK: logging.INFO,
+}
+LOGGED_KINDS = tuple(LOG_LEVELS)
 
 
 # Which worker's event is being emitted on this thread: a worker's log lines
@@ -74,13 +75,21 @@ class Emitter:
 
 
 def subscribe_log(events: EventStream, state: WorkerState) -> Callable[[], None]:
-    """Log this worker's task lifecycle lines from its events; returns the unsubscribe function."""
+    """Log this worker's task lifecycle lines from its events; returns the unsubscribe function.
+
+    Subscribed only for the kinds whose lines the logger writes as the run
+    starts, so that a worker whose task lines are off builds no event for
+    them (each line is checked again as it is logged).
+    """
 
     def log_task_event(event: TaskEvent) -> None:
         if emitted_by(state):
             log_line(event)
 
-    return events.subscribe(log_task_event, LOGGED_KINDS)
+    kinds = [kind for kind in LOGGED_KINDS if logger.isEnabledFor(LOG_LEVELS[kind])]
+    if not kinds:
+        return lambda: None
+    return events.subscribe(log_task_event, kinds)
 
 
 def log_line(event: TaskEvent) -> None:
@@ -185,6 +194,7 @@ def subscribe_hooks(
 
 __all__ = [
     "LOGGED_KINDS",
+    "LOG_LEVELS",
     "Emitter",
     "call_hook",
     "emitted_by",

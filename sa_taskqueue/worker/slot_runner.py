@@ -158,6 +158,7 @@ class SlotRunner:
             logger.warning("task %d %s: not started, its lease may have ended meanwhile", *ids(task))
             slot.lease_lost = True
             self.finished(slot)
+            self.emit.task(EventKind.LEASE_LOST, task)
             return
         if task.malformed is not None:
             outcome = Outcome(error=MalformedTask(task.malformed))  # it cannot run: it fails, unrun

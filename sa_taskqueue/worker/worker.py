@@ -49,6 +49,7 @@ from sa_taskqueue.worker.services import ListenService, RetentionService, Schedu
 from sa_taskqueue.worker.slot_runner import Isolation, SlotRunner
 from sa_taskqueue.worker.slot_threads import SlotThreads
 from sa_taskqueue.worker.slots import Slot, WorkerState
+from sa_taskqueue.worker.watchdog import Watchdog
 
 logger = logging.getLogger("sa_taskqueue")
 
@@ -238,7 +239,8 @@ class Worker:
         return self._state.running
 
     @property
-    def _watchdog(self) -> Any:
+    def _watchdog(self) -> Watchdog | None:
+        """The watchdog process guarding this run's leases, while it runs."""
         return self._lease.watchdog
 
     # Control ---------------------------------------------------------------
