@@ -30,7 +30,8 @@ logger = logging.getLogger("sa_taskqueue")
 class EventKind(StrEnum):
     """What happened.  Task events carry a `TaskEvent`, the others a `WorkerEvent`."""
 
-    #: Rows written by an enqueue, after the transaction that wrote them committed.
+    #: A task written by the queue's enqueue, after the application's transaction committed it.
+    #: (A row an application adds itself, ``session.add(Task(...))``, is not the queue's to announce.)
     ENQUEUED = "enqueued"
     #: A worker holds the task's lease (the claim committed); it has not started yet.
     CLAIMED = "claimed"
@@ -42,7 +43,7 @@ class EventKind(StrEnum):
     FAILED = "failed"
     #: The task's failure is written and it is queued again for a later attempt.
     RETRIED = "retried"
-    #: The task was cancelled before it ran.
+    #: The task was cancelled before it ran (`TaskQueue.cancel`), after that commit.
     CANCELLED = "cancelled"
     #: The worker's lease on a running task ended or was taken over: the outcome is not its to write.
     LEASE_LOST = "lease_lost"
@@ -85,7 +86,8 @@ class TaskEvent:
     """
 
     kind: EventKind
-    task_id: int
+    #: None only for an ``enqueue_many`` on a database that returns no ids from it (MySQL, MariaDB).
+    task_id: int | None
     task_name: str
     queue: str
     attempt: int

@@ -32,6 +32,7 @@ from sqlalchemy import Table, event, inspect
 from sqlalchemy.orm import Session, UOWTransaction
 from sqlalchemy.orm.state import InstanceState
 
+from sa_taskqueue.core import at_commit
 from sa_taskqueue.core.limits import ColumnLimits
 from sa_taskqueue.core.model import TaskMixin
 from sa_taskqueue.core.notify import notify_enqueued
@@ -123,11 +124,12 @@ def _describe(instance: TaskMixin, *, new: bool) -> str:
 
 
 def listen() -> None:
-    """Register both listeners on the `Session` class (once: SQLAlchemy ignores a repeat)."""
+    """Register the listeners on the `Session` class, these and `at_commit`'s (once: repeats are ignored)."""
     if not event.contains(Session, "before_flush", check_task_rows):
         event.listen(Session, "before_flush", check_task_rows)
     if not event.contains(Session, "after_flush", notify_task_rows):
         event.listen(Session, "after_flush", notify_task_rows)
+    at_commit.listen()
 
 
 __all__ = ["check_task_rows", "listen", "notify_task_rows"]

@@ -211,13 +211,19 @@ def add(session: Session, model: type[T], values: Mapping[str, Any]) -> T:
 
     A NOTIFY (PostgreSQL) goes with a new task only: a clash wakes nobody.
     """
+    return add_or_find(session, model, values)[0]
+
+
+def add_or_find(session: Session, model: type[T], values: Mapping[str, Any]) -> tuple[T, bool]:
+    """`add`, and whether the task is new (False: the task holding the key, nothing written)."""
     table = _table_of(model)
     session.flush()  # what the caller added first goes first, as with a plain enqueue
     found, inserted = _insert_or_find(session, table, values, model)
     if inserted:
         notify_enqueued(session, table, {values["queue"]})
     # An id where the INSERT could not return the row (a savepoint's, MySQL's).
-    return found if isinstance(found, model) else load_task(session, model, int(found))
+    task = found if isinstance(found, model) else load_task(session, model, int(found))
+    return task, inserted
 
 
 def add_many(session: Session, table: Table, rows: Sequence[Mapping[str, Any]]) -> list[int]:
@@ -226,19 +232,28 @@ def add_many(session: Session, table: Table, rows: Sequence[Mapping[str, Any]]) 
     One INSERT per distinct key (each may clash on its own); a later row with
     a key an earlier row of the call took gets that row's task.
     """
+    return add_many_or_find(session, table, rows)[0]
+
+
+def add_many_or_find(
+    session: Session, table: Table, rows: Sequence[Mapping[str, Any]]
+) -> tuple[list[int], list[int]]:
+    """`add_many`'s ids, and the positions of the rows written as new tasks."""
     ids: list[int] = []
+    new: list[int] = []
     held: dict[str, int] = {}
     queues: set[str] = set()
-    for row in rows:
+    for position, row in enumerate(rows):
         key = row["unique_key"]
         if key not in held:
             held[key], inserted = insert_unique(session, table, row)
             if inserted:
                 queues.add(row["queue"])
+                new.append(position)
         ids.append(held[key])
     if queues:
         notify_enqueued(session, table, queues)
-    return ids
+    return ids, new
 
 
 def insert_unique(session: Session, table: Table, values: Mapping[str, Any]) -> tuple[int, bool]:
@@ -324,6 +339,8 @@ __all__ = [
     "active_key",
     "add",
     "add_many",
+    "add_many_or_find",
+    "add_or_find",
     "check_unique_by",
     "derive_key",
     "holder_statement",

@@ -14,7 +14,9 @@ from typing import Any, cast
 from sqlalchemy.orm import Session
 
 from sa_taskqueue.core import validation
+from sa_taskqueue.core.at_commit import emit_at_commit
 from sa_taskqueue.core.bulk_insert import insert_rows
+from sa_taskqueue.core.events import EventKind, EventStream, TaskEvent
 from sa_taskqueue.core.model import TaskMixin
 from sa_taskqueue.core.notify import notify_enqueued
 from sa_taskqueue.core.registered import RegisteredTask
@@ -27,20 +29,29 @@ class Enqueuing:
     """Builds and writes the rows of one queue's enqueues; the registrations are the queue's."""
 
     def __init__(
-        self, parts: QueueParts, model: type[TaskMixin], tasks: Mapping[str, RegisteredTask[Any, Any]]
+        self,
+        parts: QueueParts,
+        model: type[TaskMixin],
+        tasks: Mapping[str, RegisteredTask[Any, Any]],
+        events: EventStream,
     ) -> None:
         self._parts = parts
         self._model = model
         self._tasks = tasks
+        self._events = events
 
     def add(self, session: Session, values: dict[str, Any]) -> TaskMixin:
         """One task row added to ``session`` and flushed (a held unique key returns the task holding it)."""
         if "unique_key" in values:
-            return unique.add(session, self._model, values)
-        # The mixin declares no constructor; the mapped subclass gets the declarative one.
-        task = cast("Callable[..., TaskMixin]", self._model)(**values)
-        session.add(task)
-        session.flush()  # which checks the row again and sends its NOTIFY (sa_taskqueue.core.session_events)
+            task, new = unique.add_or_find(session, self._model, values)
+        else:
+            # The mixin declares no constructor; the mapped subclass gets the declarative one.
+            task = cast("Callable[..., TaskMixin]", self._model)(**values)
+            session.add(task)
+            session.flush()  # which checks the row again and sends its NOTIFY (core.session_events)
+            new = True
+        if new and self._events.wants(EventKind.ENQUEUED):
+            self._enqueued_at_commit(session, [(task.id, values)])
         return task
 
     def insert(
@@ -50,12 +61,32 @@ class Enqueuing:
         if not rows:
             return []
         table = self._parts.table
+        ids: list[int] | None
         if "unique_key" in rows[0]:  # (a key for one row is a key for all: unique_key or unique_by)
-            return unique.add_many(session, table, rows)
-        ids = insert_rows(session.connection(), table, rows, chunk_size=chunk_size)
-        queues = rows.distinct("queue") if isinstance(rows, TaskRows) else {row["queue"] for row in rows}
-        notify_enqueued(session, table, queues)
+            ids, new = unique.add_many_or_find(session, table, rows)
+        else:
+            ids = insert_rows(session.connection(), table, rows, chunk_size=chunk_size)
+            queues = rows.distinct("queue") if isinstance(rows, TaskRows) else {row["queue"] for row in rows}
+            notify_enqueued(session, table, queues)
+            new = list(range(len(rows)))
+        if self._events.wants(EventKind.ENQUEUED):
+            self._enqueued_at_commit(session, [(None if ids is None else ids[i], rows[i]) for i in new])
         return ids
+
+    def _enqueued_at_commit(
+        self, session: Session, written: list[tuple[int | None, Mapping[str, Any]]]
+    ) -> None:
+        """One ``ENQUEUED`` event per new row, emitted once the caller's transaction commits."""
+        clock = self._parts.clock
+
+        def build() -> list[TaskEvent]:
+            at = clock()
+            return [
+                TaskEvent(EventKind.ENQUEUED, task_id, row["name"], row["queue"], 0, at)
+                for task_id, row in written
+            ]
+
+        emit_at_commit(session, self._events, build)
 
     def task_values(
         self,

@@ -24,7 +24,7 @@ from sa_taskqueue.core.registered import DEFAULT_RETRY_DELAY, RegisteredTask
 from sa_taskqueue.core.types import utcnow
 from sa_taskqueue.core.unawaited import EnqueueCoroutine
 from sa_taskqueue.features import retention as retention_rows
-from sa_taskqueue.features.admin import cancel_queued
+from sa_taskqueue.features.admin import cancel_task
 from sa_taskqueue.features.concurrency import ConcurrencyClaims
 from sa_taskqueue.features.pausing import QueuePauses
 from sa_taskqueue.features.results import DEFAULT_POLL_INTERVAL, Results
@@ -125,7 +125,9 @@ class TaskQueue(ClaimsAndOutcomes):
         self._concurrency = ConcurrencyClaims(parts, self._tasks)
         self._schedules = Schedules(parts, self._periodic_values)
         self._results = Results(parts)
-        self._enqueuing = Enqueuing(parts, model, self._tasks)
+        #: The lifecycle events of this queue's tasks and workers in this process: subscribe here.
+        self.events = EventStream()
+        self._enqueuing = Enqueuing(parts, model, self._tasks, self.events)
         self._claims = Claims(parts, self._pauses, self._concurrency, lambda: self.recover())
         self._outcomes = Outcomes(parts, self._tasks, lambda: self.max_retry_delay)
         self._registrations = Registrations(self, parts, self._tasks, self._concurrency, self._schedules)
@@ -137,8 +139,6 @@ class TaskQueue(ClaimsAndOutcomes):
         self.paused = self._pauses.kept
         #: Wakes `result` waiters when their task finishes (PostgreSQL); started by the first wait.
         self.finished_listener = self._results.listener
-        #: The lifecycle events of this queue's tasks and workers in this process: subscribe here.
-        self.events = EventStream()
         backend_for(engine.dialect).configure_engine(engine)
 
     # Strategy --------------------------------------------------------------
@@ -460,15 +460,7 @@ class TaskQueue(ClaimsAndOutcomes):
 
     def cancel(self, task_id: int) -> bool:
         """Cancel a queued task so that it is never claimed; False if it is not queued."""
-        strategy = self.strategy
-        now = self.clock()
-
-        def cancel() -> bool:
-            with strategy.transaction(self.engine) as conn:
-                return cancel_queued(conn, self.table, task_id, now)
-
-        with self._parts.database_errors():
-            return self._parts.call(cancel)
+        return cancel_task(self._parts, self.events, task_id)
 
     # Results ---------------------------------------------------------------
 
