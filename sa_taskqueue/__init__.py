@@ -13,6 +13,7 @@ from sa_taskqueue import _moved, backends, health, strategies
 from sa_taskqueue.core import session_events
 from sa_taskqueue.core.claimed import ClaimedTask
 from sa_taskqueue.core.event_loop_bridge import SyncCallOnEventLoop
+from sa_taskqueue.core.events import EventKind, EventStream, TaskEvent, WorkerEvent
 from sa_taskqueue.core.exceptions import (
     DatabaseBusy,
     DatabaseError,
@@ -59,6 +60,8 @@ __all__ = [
     "DatabaseBusy",
     "DatabaseError",
     "DatabaseUnavailable",
+    "EventKind",
+    "EventStream",
     "FootingError",
     "FootingReport",
     "HealthThresholds",
@@ -71,6 +74,7 @@ __all__ = [
     "TableHealth",
     "Task",
     "TaskCancelled",
+    "TaskEvent",
     "TaskFailed",
     "TaskMixin",
     "TaskNotFound",
@@ -81,6 +85,7 @@ __all__ = [
     "TaskStatus",
     "TaskWithOptions",
     "Worker",
+    "WorkerEvent",
     "backends",
     "health",
     "metadata",
