@@ -18,6 +18,8 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
+from sa_taskqueue.backends.table_health import FORMER_PATHS
+
 #: Old path (under ``sa_taskqueue.``) -> the module's path now.  (``queue`` and ``worker`` became
 #: packages of the same name, ``cli`` too: their old names import as they did.)
 MOVED = {
@@ -41,12 +43,6 @@ MOVED = {
     "explain": "sa_taskqueue.health.explain",
     "finished": "sa_taskqueue.core.finished",
     "footing": "sa_taskqueue.health.self_test",
-    "health.figures": "sa_taskqueue.backends.table_health.figures",
-    "health.judge": "sa_taskqueue.backends.table_health.judge",
-    "health.mysql": "sa_taskqueue.backends.table_health.mysql",
-    "health.postgresql": "sa_taskqueue.backends.table_health.postgresql",
-    "health.sqlite": "sa_taskqueue.backends.table_health.sqlite",
-    "health.thresholds": "sa_taskqueue.backends.table_health.thresholds",
     "kept_connection": "sa_taskqueue.strategies.kept_connection",
     "limits": "sa_taskqueue.core.limits",
     "log_fields": "sa_taskqueue.core.log_fields",
@@ -72,6 +68,10 @@ MOVED = {
     "watchdog": "sa_taskqueue.worker.watchdog",
     "watchdog_process": "sa_taskqueue.worker.watchdog_process",
 }
+
+
+# The table-health probes moved under backends/, and their modules are named after databases.
+MOVED.update(FORMER_PATHS)
 
 
 class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):

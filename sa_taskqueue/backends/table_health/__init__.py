@@ -26,7 +26,13 @@ from __future__ import annotations
 from sa_taskqueue.backends.table_health.figures import Finding, OpenTransaction, TableHealth
 from sa_taskqueue.backends.table_health.thresholds import HealthThresholds
 
+#: Where these modules were before they moved here (under ``sa_taskqueue.``): those paths import them still.
+FORMER_PATHS = {
+    f"health.{module}": f"sa_taskqueue.backends.table_health.{module}"
+    for module in ("figures", "judge", "thresholds", "postgresql", "mysql", "sqlite")
+}
+
 #: The databases a probe measures, for the note on any other.
 MEASURED_ON = "PostgreSQL, MySQL, MariaDB and SQLite"
 
-__all__ = ["MEASURED_ON", "Finding", "HealthThresholds", "OpenTransaction", "TableHealth"]
+__all__ = ["FORMER_PATHS", "MEASURED_ON", "Finding", "HealthThresholds", "OpenTransaction", "TableHealth"]
