@@ -275,3 +275,49 @@ def test_an_event_nobody_listens_for_is_never_built(
         burst(default_queue)
     # The task lines are on: only the kinds they hear are built.
     assert built == [EventKind.STARTED, EventKind.SUCCEEDED]
+
+
+def test_a_service_that_raises_is_logged_reported_and_restarted_never_stopping_the_others(
+    default_queue: tq.TaskQueue, caplog: pytest.LogCaptureFixture
+) -> None:
+    from sa_taskqueue.worker.lifecycle import Emitter
+    from sa_taskqueue.worker.services import ServiceRunner
+    from sa_taskqueue.worker.slots import WorkerState
+
+    class Flaky:
+        name = "flaky"
+
+        def __init__(self) -> None:
+            self.runs = 0
+
+        def run(self, stopping: threading.Event) -> None:
+            self.runs += 1
+            if self.runs == 1:
+                raise RuntimeError("first run fails")
+            stopping.wait()
+
+        def interrupt(self) -> None:
+            pass
+
+    class Steady(Flaky):
+        name = "steady"
+
+        def run(self, stopping: threading.Event) -> None:
+            self.runs += 1
+            stopping.wait()
+
+    errors: list[WorkerEvent] = []
+    unsubscribe = default_queue.events.subscribe(errors.append, [EventKind.SERVICE_ERROR])
+    flaky, steady = Flaky(), Steady()
+    runner = ServiceRunner(Emitter(default_queue.events, WorkerState("w1")))
+    try:
+        with caplog.at_level(logging.ERROR, logger="sa_taskqueue"):
+            runner.start([flaky, steady])
+            wait_until(lambda: flaky.runs == 2, 10, "the failed service to be restarted")
+    finally:
+        runner.stop(timeout=5)
+        unsubscribe()
+    assert steady.runs == 1
+    assert [(event.service, str(event.error)) for event in errors] == [("flaky", "first run fails")]
+    assert any(record.message.startswith("the flaky service failed") for record in caplog.records)
+    assert not any(thread.name.startswith("sa_taskqueue-flaky") for thread in threading.enumerate())

@@ -56,14 +56,19 @@ class ServiceRunner:
             self.stopping.wait(backoff)
             backoff = min(backoff * 2, MAX_RESTART_BACKOFF)
 
-    def stop(self, timeout: float = 2.0) -> None:
-        """Tell every service to stop, interrupt its wait, and wait for each up to ``timeout``."""
+    def interrupt(self) -> None:
+        """Tell every service to stop, and interrupt a wait that would not see it at once."""
         self.stopping.set()
         for service, _thread in self._services:
             try:
                 service.interrupt()
             except Exception:
                 logger.exception("interrupting the %s service failed", service.name)
+
+    def stop(self, timeout: float = 2.0) -> None:
+        """`interrupt`, then wait for each service's thread up to ``timeout``."""
+        if not self.stopping.is_set():
+            self.interrupt()
         for _service, thread in self._services:
             thread.join(timeout=timeout)
         self._services = []

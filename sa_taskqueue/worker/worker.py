@@ -316,7 +316,7 @@ class Worker:
             # an outage too, until the close times out and stopped is set.
             self._writer.completions.close(timeout=max(self.shutdown_timeout, CLOSE_TIMEOUT))
             state.stopped.set()
-            service_runner.stopping.set()
+            service_runner.interrupt()  # (the listener's, rather than within its wait for a quiet second)
             with state.lock:
                 self._lease.arm_locked(exact=True)  # the heartbeat, which would, has stopped
                 # Threads still busy: given back and running on, stuck writing,
