@@ -16,6 +16,7 @@ and claims, which read only queued rows, never wait for it for long.
 
 from __future__ import annotations
 
+import logging
 import secrets
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
@@ -28,8 +29,11 @@ from sqlalchemy.engine import Dialect
 from sa_taskqueue.backends import backend_for
 from sa_taskqueue.core import control, validation
 from sa_taskqueue.core.control_rows import ensure_row
+from sa_taskqueue.core.exceptions import DatabaseUnavailable
 from sa_taskqueue.core.model import FINISHED_STATUSES, TaskStatus, has_status
 from sa_taskqueue.features.ports import QueueContext
+
+logger = logging.getLogger("sa_taskqueue")
 
 #: Rows per DELETE: small enough to hold its locks for milliseconds.
 DEFAULT_BATCH_SIZE = 500
@@ -214,10 +218,56 @@ class Retention:
             )
 
 
+class RetentionService:
+    """A worker's retention `Service`: deletes expired finished tasks every interval, beside the claim loop.
+
+    ``delete_expired`` is the queue's (`TaskQueue.delete_expired`), run under
+    ``holder``; it stops with the claims (``stop_claiming``), not with the
+    last writes, so a shutdown deletes nothing more.  ``unavailable`` is told
+    of an outage (the worker says so once), any other error is logged and
+    tried again at the next interval.
+    """
+
+    name = "retention"
+
+    def __init__(
+        self,
+        delete_expired: Callable[..., int],
+        interval: timedelta,
+        holder: str,
+        stop_claiming: Event,
+        unavailable: Callable[[DatabaseUnavailable, float, str], None],
+    ) -> None:
+        self._delete_expired = delete_expired
+        self._interval = interval
+        self._holder = holder
+        self._stop = stop_claiming
+        self._unavailable = unavailable
+
+    def run(self, stopping: Event) -> None:
+        interval = self._interval.total_seconds()
+        stop = self._stop
+        while not stop.is_set() and not stopping.is_set():
+            try:
+                deleted = self._delete_expired(holder=self._holder, stop=stop)
+            except DatabaseUnavailable as error:
+                self._unavailable(error, interval, self.name)
+            except Exception:
+                logger.exception("deleting expired tasks failed; trying again in %s", self._interval)
+            else:
+                if deleted:
+                    logger.info("deleted %d expired task(s)", deleted)
+            stop.wait(interval)
+
+    def interrupt(self) -> None:
+        """Nothing to interrupt: its waits watch the stop."""
+
+
 __all__ = [
     "DEFAULT_BATCH_SIZE",
     "LEASE",
     "Retention",
+    "RetentionService",
     "batch_delete",
     "check_interval",
     "check_retention",

@@ -398,6 +398,23 @@ def run_ticker(
         stopped.wait(delay)
 
 
+class ScheduleService:
+    """A worker's schedule `Service`: `run_ticker` in a thread of its own, so a tick never delays a claim."""
+
+    name = "schedules"
+
+    def __init__(self, source: ScheduleSource, poll_interval: float, enqueued: Callable[[], None]) -> None:
+        self._source = source
+        self._poll_interval = poll_interval
+        self._enqueued = enqueued
+
+    def run(self, stopping: threading.Event) -> None:
+        run_ticker(self._source, stopping, self._poll_interval, self._enqueued)
+
+    def interrupt(self) -> None:
+        """Nothing to interrupt: the ticker's waits watch the stop."""
+
+
 def _iso(value: datetime | None) -> str:
     return "none" if value is None else value.isoformat()
 
@@ -412,6 +429,7 @@ __all__ = [
     "EnqueuedSlot",
     "PeriodicTask",
     "Schedule",
+    "ScheduleService",
     "ScheduleSource",
     "Schedules",
     "advance_statement",

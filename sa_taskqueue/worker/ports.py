@@ -19,12 +19,13 @@ from sa_taskqueue.core.claimed import ClaimedTask
 from sa_taskqueue.core.events import EventStream
 from sa_taskqueue.core.registered import RegisteredTask
 from sa_taskqueue.features.pausing import PausedQueues
-from sa_taskqueue.features.schedules import PeriodicTask
+from sa_taskqueue.features.schedules import PeriodicTask, ScheduleSource
+from sa_taskqueue.features.transactional import TransactionalQueue
 from sa_taskqueue.health.self_test import FootingReport
 from sa_taskqueue.strategies.base import ClaimStrategy
 
 
-class WorkerQueue(Protocol):
+class WorkerQueue(TransactionalQueue, ScheduleSource, Protocol):
     """The queue as a worker sees it.  Every write is fenced: it lands only while the claim holds the task."""
 
     @property

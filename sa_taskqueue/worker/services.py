@@ -1,9 +1,10 @@
-"""The service runner, and the worker's own services: retention, the LISTEN listener, the schedule ticker.
+"""The service runner, and the worker's own service: the LISTEN listener that wakes its claim loop.
 
 `ServiceRunner` starts, supervises and stops any `Service`
 (`sa_taskqueue.core.services`): one that raises is logged, emitted as a
 SERVICE_ERROR event and restarted after a backoff, never taking the worker
-down.  The adapters below call the same queue APIs the worker always did.
+down.  The features bring their own services (retention's deletions,
+the schedule ticker); the worker runs them all the same way.
 """
 
 from __future__ import annotations
@@ -13,12 +14,9 @@ import threading
 from collections.abc import Callable, Sequence
 
 from sa_taskqueue.core.events import EventKind
-from sa_taskqueue.core.exceptions import DatabaseUnavailable
 from sa_taskqueue.core.notify import Listener
 from sa_taskqueue.core.services import Service
-from sa_taskqueue.features.schedules import run_ticker
 from sa_taskqueue.worker.lifecycle import Emitter
-from sa_taskqueue.worker.outages import Outages
 from sa_taskqueue.worker.ports import WorkerQueue
 
 logger = logging.getLogger("sa_taskqueue")
@@ -74,40 +72,6 @@ class ServiceRunner:
         self._services = []
 
 
-class RetentionService:
-    """Deletes expired finished tasks every retention interval, beside the claim loop, never in it."""
-
-    name = "retention"
-
-    def __init__(
-        self, queue: WorkerQueue, worker_id: str, outages: Outages, stop_claiming: threading.Event
-    ) -> None:
-        self.queue = queue
-        self.worker_id = worker_id
-        self.outages = outages
-        # (It stops with the claims, not with the last writes: a shutdown deletes nothing more.)
-        self.stop_claiming = stop_claiming
-
-    def run(self, stopping: threading.Event) -> None:
-        interval = self.queue.retention_interval
-        assert interval is not None  # set whenever retention is
-        stop = self.stop_claiming
-        while not stop.is_set() and not stopping.is_set():
-            try:
-                deleted = self.queue.delete_expired(holder=self.worker_id, stop=stop)
-            except DatabaseUnavailable as error:
-                self.outages.trouble(error, interval.total_seconds(), self.name)
-            except Exception:
-                logger.exception("deleting expired tasks failed; trying again in %s", interval)
-            else:
-                if deleted:
-                    logger.info("deleted %d expired task(s)", deleted)
-            stop.wait(interval.total_seconds())
-
-    def interrupt(self) -> None:
-        pass
-
-
 class ListenService:
     """Wakes the claim loop when a task is enqueued (NOTIFY at commit), and when a queue is paused or resumed.
 
@@ -141,21 +105,4 @@ class ListenService:
             self.listener.interrupt()  # rather than within its wait for a quiet second
 
 
-class ScheduleService:
-    """Enqueues periodic tasks from a thread of its own: a tick never delays a claim."""
-
-    name = "schedules"
-
-    def __init__(self, queue: WorkerQueue, poll_interval: float, enqueued: Callable[[], None]) -> None:
-        self.queue = queue
-        self.poll_interval = poll_interval
-        self.enqueued = enqueued
-
-    def run(self, stopping: threading.Event) -> None:
-        run_ticker(self.queue, stopping, self.poll_interval, self.enqueued)  # type: ignore[arg-type]
-
-    def interrupt(self) -> None:
-        pass
-
-
-__all__ = ["ListenService", "RetentionService", "ScheduleService", "ServiceRunner"]
+__all__ = ["ListenService", "ServiceRunner"]

@@ -228,7 +228,7 @@ class SlotRunner:
         settle: Callable[[Any, bool], bool]
         if registered.is_async:
             loop = self.queue.event_loop()  # where the queue's AsyncEngine's connections live
-            async_run = AsyncRun(self.queue, registered.func)  # type: ignore[arg-type]
+            async_run = AsyncRun(self.queue, registered.func)
             outcome = run_on_loop(async_run.call, task.params, timeout, loop, partial(self._started, slot))
 
             def settle(result: Any, commit: bool) -> bool:
@@ -236,7 +236,7 @@ class SlotRunner:
                 return asyncio.run_coroutine_threadsafe(coroutine, loop).result()
 
         else:
-            sync_run = SyncRun(self.queue, registered.func)  # type: ignore[arg-type]
+            sync_run = SyncRun(self.queue, registered.func)
             outcome = run_in_thread(sync_run.call, task.params, timeout)
 
             def settle(result: Any, commit: bool) -> bool:

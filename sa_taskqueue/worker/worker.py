@@ -38,6 +38,8 @@ from sa_taskqueue.core.events import EventKind
 from sa_taskqueue.core.exceptions import DatabaseUnavailable
 from sa_taskqueue.core.notify import can_listen
 from sa_taskqueue.core.services import Service
+from sa_taskqueue.features.retention import RetentionService
+from sa_taskqueue.features.schedules import ScheduleService
 from sa_taskqueue.features.transactional import check_no_transactional
 from sa_taskqueue.worker.claim_loop import MAX_ERROR_BACKOFF, MIN_POLL_INTERVAL, ClaimLoop
 from sa_taskqueue.worker.lease_keeper import LeaseKeeper, heartbeat_interval
@@ -45,7 +47,7 @@ from sa_taskqueue.worker.lifecycle import Emitter, subscribe_hooks, subscribe_lo
 from sa_taskqueue.worker.outages import Outages
 from sa_taskqueue.worker.outcome_writer import OutcomeWriter
 from sa_taskqueue.worker.ports import WorkerQueue
-from sa_taskqueue.worker.services import ListenService, RetentionService, ScheduleService, ServiceRunner
+from sa_taskqueue.worker.services import ListenService, ServiceRunner
 from sa_taskqueue.worker.slot_runner import Isolation, SlotRunner
 from sa_taskqueue.worker.slot_threads import SlotThreads
 from sa_taskqueue.worker.slots import Slot, WorkerState
@@ -272,7 +274,7 @@ class Worker:
         """
         state = self._state
         if self.isolation == "process":
-            check_no_transactional(self.queue)  # type: ignore[arg-type]
+            check_no_transactional(self.queue)
         if self.self_test and not self._prove_footing():
             return
         self._lease.read_lease()
@@ -343,8 +345,17 @@ class Worker:
     def _services(self) -> list[Service]:
         """The background services this run starts beside the claim loop."""
         services: list[Service] = []
-        if self.queue.retention and not self.burst:
-            services.append(RetentionService(self.queue, self.worker_id, self._outages, self._state.stopping))
+        interval = self.queue.retention_interval
+        if self.queue.retention and interval is not None and not self.burst:
+            services.append(
+                RetentionService(
+                    self.queue.delete_expired,
+                    interval,
+                    self.worker_id,
+                    self._state.stopping,
+                    self._outages.trouble,
+                )
+            )
         if self.listen and not self.burst and can_listen(self.queue.engine):
             services.append(ListenService(self.queue, self._claims.notified, self._claims.pause_changed))
         if self.queue.periodic_tasks:
