@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import UTC, datetime
 
 import pytest
 import sqlalchemy as sa
@@ -143,3 +144,26 @@ def test_nothing_is_read_for_an_event_nobody_listens_for(queue: tq.TaskQueue, en
     finally:
         sa.event.remove(engine, "before_cursor_execute", count)
     assert not [s for s in statements if s.lstrip().upper().startswith("SELECT") and "name" in s.lower()]
+
+
+def test_every_event_is_stamped_by_the_queues_clock(engine: sa.Engine) -> None:
+    moment = datetime(2031, 5, 4, 3, 2, 1, tzinfo=UTC)
+    queue = tq.TaskQueue(engine, clock=lambda: moment)
+
+    @queue.task(name="note")
+    def note(text: str) -> None:
+        pass
+
+    heard: list[TaskEvent] = []
+    unsubscribe = queue.events.subscribe(heard.append)
+    try:
+        with Session(engine) as session:
+            queue.enqueue(session, "note", {"text": "when"})
+            session.commit()
+        tq.Worker(queue, burst=True, watchdog=False, poll_interval=0.05).run()
+    finally:
+        unsubscribe()
+        queue.close()
+    kinds = {event.kind for event in heard}
+    assert {EventKind.ENQUEUED, EventKind.CLAIMED, EventKind.SUCCEEDED, EventKind.WORKER_STOPPED} <= kinds
+    assert {event.at for event in heard} == {moment}

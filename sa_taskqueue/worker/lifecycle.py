@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 from sa_taskqueue.core.claimed import ClaimedTask
@@ -47,13 +48,17 @@ def emitted_by(state: WorkerState) -> bool:
 class Emitter:
     """Emits one worker's events on its queue's stream, each built only if someone listens."""
 
-    def __init__(self, events: EventStream, state: WorkerState) -> None:
+    def __init__(
+        self, events: EventStream, state: WorkerState, clock: Callable[[], datetime] = utcnow
+    ) -> None:
         self.events = events
         self.state = state
+        #: What an event's ``at`` is read from: the queue's clock.
+        self.clock = clock
 
     def task(self, kind: EventKind, task: ClaimedTask, **fields: Any) -> None:
         if self.events.wants(kind):
-            self._emit(TaskEvent.of(kind, task, utcnow(), self.state.worker_id, **fields))
+            self._emit(TaskEvent.of(kind, task, self.clock(), self.state.worker_id, **fields))
 
     def worker(
         self, kind: EventKind, *, service: str | None = None, error: BaseException | None = None
@@ -61,7 +66,7 @@ class Emitter:
         if self.events.wants(kind):
             state = self.state
             event = WorkerEvent(
-                kind, state.worker_id, utcnow(), len(state.running), service, error, state.counts()
+                kind, state.worker_id, self.clock(), len(state.running), service, error, state.counts()
             )
             self._emit(event)
 

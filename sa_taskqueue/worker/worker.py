@@ -166,7 +166,7 @@ class Worker:
         self.self_test = self_test
         self.completion_delay = completion_delay
         self._state = state = WorkerState(self.worker_id)
-        self._emit = emit = Emitter(queue.events, state)
+        self._emit = emit = Emitter(queue.events, state, queue.clock)
         self._outages = Outages(queue.engine.dialect, emit)
         self._lease = LeaseKeeper(queue, state, self._outages, emit)
         self._claims = ClaimLoop(
