@@ -59,6 +59,18 @@ def test_an_enqueue_rolled_back_is_never_announced(
     assert heard == []
 
 
+def test_an_enqueue_in_a_session_closed_uncommitted_is_never_announced(
+    queue: tq.TaskQueue, engine: sa.Engine, heard: list[TaskEvent]
+) -> None:
+    session = Session(engine)
+    queue.enqueue(session, "note", {"text": "abandoned"})
+    session.close()  # the transaction ends without a commit
+    queue.enqueue(session, "note", {"text": "kept"})
+    session.commit()
+    session.close()
+    assert len(heard) == 1
+
+
 def test_a_savepoint_rolled_back_takes_its_enqueues_with_it(
     queue: tq.TaskQueue, engine: sa.Engine, heard: list[TaskEvent]
 ) -> None:

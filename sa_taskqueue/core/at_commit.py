@@ -50,6 +50,15 @@ def _rolled_back(session: Session, previous_transaction: SessionTransaction) -> 
         pending[:] = [entry for entry in pending if not _within(entry[0], previous_transaction)]
 
 
+def _ended(session: Session, transaction: SessionTransaction) -> None:
+    """``after_transaction_end``: the outermost transaction ended without a commit (a ``close()``): drop all.
+
+    A commit has emitted and cleared its events before its transaction ends.
+    """
+    if transaction.parent is None:
+        session.info.pop(_PENDING, None)
+
+
 def _within(transaction: SessionTransaction | None, ended: SessionTransaction) -> bool:
     while transaction is not None:
         if transaction is ended:
@@ -64,11 +73,13 @@ def _emit(stream: EventStream, build: Callable[[], Sequence[Event]]) -> None:
 
 
 def listen() -> None:
-    """Register both listeners on the `Session` class (once: SQLAlchemy ignores a repeat)."""
+    """Register the listeners on the `Session` class (once: SQLAlchemy ignores a repeat)."""
     if not event.contains(Session, "after_commit", _committed):
         event.listen(Session, "after_commit", _committed)
     if not event.contains(Session, "after_soft_rollback", _rolled_back):
         event.listen(Session, "after_soft_rollback", _rolled_back)
+    if not event.contains(Session, "after_transaction_end", _ended):
+        event.listen(Session, "after_transaction_end", _ended)
 
 
 __all__ = ["emit_at_commit", "listen"]
