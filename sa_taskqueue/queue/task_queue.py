@@ -104,8 +104,6 @@ class TaskQueue(ClaimsAndOutcomes):
         sample = clock()
         if not isinstance(sample, datetime) or sample.utcoffset() is None:
             raise TypeError(f"clock must return an aware datetime, got {sample!r}")
-        if strategy is not None:
-            registry.check_requested(strategy, engine.dialect)
         #: What every part and feature of the queue shares (`sa_taskqueue.features.ports.QueueContext`).
         self._parts = parts = QueueParts(
             engine, is_async=is_async, table=table, clock=clock, lease=lease, strategy=strategy
@@ -121,6 +119,8 @@ class TaskQueue(ClaimsAndOutcomes):
         self._async_worker_running = False
         # The features, each owning its state: what the queue's methods hand their work to.
         self._retention = Retention(parts, retention, retention_interval)
+        if strategy is not None:
+            registry.check_requested(strategy, engine.dialect)
         self._pauses = QueuePauses(parts)
         self._concurrency = ConcurrencyClaims(parts, self._tasks)
         self._schedules = Schedules(parts, self._periodic_values)
