@@ -5,7 +5,7 @@ server; the statements section times those calls alone.  What is left is the
 worker's own work for each task: handing it to a slot's thread, the lease
 bookkeeping and the watchdog's deadline, gathering successes into one write,
 freeing the slot, and the thread switches in between.  Here a queue's
-`claim`, `complete_many` and `complete` answer from memory (claimed tasks
+`claim`, `complete_many`, `complete` and `complete_many_and_claim` answer from memory (claimed tasks
 built by `ClaimedTask`'s constructor, a few µs dearer than a real claim's
 rows, every success reported written), so a worker's run is that work
 alone, in the process's CPU time.  Each figure includes the run's start and
@@ -95,6 +95,13 @@ def _memory_queue(tasks: int) -> Any:
 
         def complete(self, claimed: ClaimedTask, result: Any = None) -> bool:
             return True
+
+        def complete_many_and_claim(
+            self, claimed: Sequence[ClaimedTask], results: Sequence[Any] | None = None, **claim: Any
+        ) -> tuple[set[int], list[ClaimedTask]]:
+            # A worker's write of a batch's successes with the next claim: both from memory too.
+            claim.pop("limited_recheck", None)
+            return self.complete_many(claimed, results), self.claim(**claim)
 
     queue = MemoryQueue(sa.create_engine("sqlite://"), lease=LEASE)
     queue.task(name="noop")(lambda: None)
