@@ -8,9 +8,14 @@ LOCKED`` and ignores it (TiDB) lets two claims wait on, or take, one row.
 Users would learn of it from tasks run twice.  So a worker proves its footing
 when it starts, and ``sa-taskqueue doctor`` does on demand.
 
-Each check runs on two connections of its own, taken from the queue's
-engine (so through the same URL, pooler included), against the same code the
-claim uses:
+Each check runs on two connections of its own, against the same code the
+claim uses.  The first is the queue engine's own; the second comes from a
+short-lived pool of the self-test's own, made with ``engine.pool.recreate()``:
+the same creator (so the same URL, pooler included), the same connect-time
+setup, the same engine events, but not the application's pool.  A pool of
+one connection (``pool_size=1, max_overflow=0``) can lend only one at a time,
+and a check that held it while waiting for a second would wait forever: so
+no check ever holds two connections of the queue's pool at once.
 
 - ``skip_locked``: a probe row in the control table, locked ``FOR UPDATE`` on
   one connection, is read by the other through the strategy's own SKIP LOCKED
@@ -42,7 +47,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, Table, delete, func, insert, select, update
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.pool import SingletonThreadPool, StaticPool
+from sqlalchemy.pool import Pool, PoolProxiedConnection, SingletonThreadPool, StaticPool
 
 from sa_taskqueue.backends import backend_for
 from sa_taskqueue.core.control import control_table_of
@@ -78,15 +83,61 @@ def check_footing(queue: QueueContext, *, listen: bool = True) -> FootingReport:
     """
     strategy = queue.strategy
     checks: list[Check] = []
-    for name, run in _lock_checks(strategy):
-        checks.append(_timed(name, partial(queue.call, partial(run, queue, strategy))))
-    if listen and can_listen(queue.engine):
-        checks.append(_timed("listen", partial(_listen, queue)))
+    spare = SpareConnections(queue.engine)
+    try:
+        for name, run in _lock_checks(strategy):
+            checks.append(_timed(name, partial(queue.call, partial(run, queue, strategy, spare))))
+        if listen and can_listen(queue.engine):
+            checks.append(_timed("listen", partial(_listen, queue, spare)))
+    finally:
+        # (An async engine's connections close on its loop, as they were opened.)
+        queue.call(spare.dispose)
     return FootingReport(tuple(checks))
 
 
+class SpareConnections:
+    """The self-test's second connections: from a pool of its own, never from the application's.
+
+    The pool is ``engine.pool.recreate()``, made at the first connection
+    and disposed of by `dispose`: it connects with the same creator and runs
+    the same pool events (the dialect's setup of each new connection, the
+    backend's own), and each connection is wrapped in a `Connection` of the
+    queue's engine, so its engine events and execution options apply too.
+    What the check proves about two connections through this URL therefore
+    holds for the worker's.  Pools that hand every borrower one shared DBAPI
+    connection (`StaticPool`, `SingletonThreadPool`: SQLite in memory) are
+    used as they are: a pool of their own would open another, empty,
+    database.
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.shares_one = isinstance(engine.pool, SingletonThreadPool | StaticPool)
+        self._pool: Pool | None = None
+
+    def connect(self) -> Connection:
+        """A connection of the queue's engine, taken from the self-test's own pool."""
+        if self.shares_one:
+            return self.engine.connect()
+        return Connection(self.engine, connection=self.raw())
+
+    def raw(self) -> PoolProxiedConnection:
+        """A DBAPI connection of the self-test's own pool (a LISTEN's: it is invalidated, never reused)."""
+        if self.shares_one:
+            return self.engine.raw_connection()
+        if self._pool is None:
+            self._pool = self.engine.pool.recreate()
+        return self._pool.connect()
+
+    def dispose(self) -> None:
+        """Close what the self-test's pool still holds; a later `connect` makes a new pool."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.dispose()
+
+
 Finding = tuple[bool, str]
-LockCheck = Callable[["QueueContext", ClaimStrategy], Finding]
+LockCheck = Callable[["QueueContext", ClaimStrategy, SpareConnections], Finding]
 
 
 def _lock_checks(strategy: ClaimStrategy) -> list[tuple[str, LockCheck]]:
@@ -109,7 +160,7 @@ def _timed(name: str, run: Callable[[], Finding]) -> Check:
 # SKIP LOCKED -----------------------------------------------------------------------
 
 
-def _skip_locked(queue: QueueContext, strategy: ClaimStrategy) -> Finding:
+def _skip_locked(queue: QueueContext, strategy: ClaimStrategy, spare: SpareConnections) -> Finding:
     engine = queue.engine
     backend = backend_for(engine.dialect)
     control = control_table_of(queue.table)
@@ -117,7 +168,7 @@ def _skip_locked(queue: QueueContext, strategy: ClaimStrategy) -> Finding:
         # Row locks last as long as a transaction: not in AUTOCOMMIT, where
         # the holder's lock would end with its statement.
         holder = out_of_autocommit(engine.connect())
-        reader = out_of_autocommit(engine.connect())
+        reader = out_of_autocommit(spare.connect())
         clean = False
         try:
             holder.begin()
@@ -161,7 +212,7 @@ def _ignores_skip_locked(label: str, what: str) -> str:
 # Advisory locks ---------------------------------------------------------------------
 
 
-def _advisory_lock(queue: QueueContext, strategy: ClaimStrategy) -> Finding:
+def _advisory_lock(queue: QueueContext, strategy: ClaimStrategy, spare: SpareConnections) -> Finding:
     engine = queue.engine
     backend = backend_for(engine.dialect)
     locks = AdvisoryLocks(engine, queue.table)
@@ -171,7 +222,7 @@ def _advisory_lock(queue: QueueContext, strategy: ClaimStrategy) -> Finding:
     with translate_database_errors(engine, queue.table):
         # Autocommit, as the strategy's claims run: each statement is a transaction of its own.
         holder = engine.connect().execution_options(isolation_level="AUTOCOMMIT")
-        other = engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        other = spare.connect().execution_options(isolation_level="AUTOCOMMIT")
         clean = False
         try:
             holder_sessions = [_session(holder)]
@@ -232,7 +283,7 @@ def _shared_sessions(holder: list[object], other: object) -> str | None:
 # Conditional UPDATE ---------------------------------------------------------------------
 
 
-def _conditional_update(queue: QueueContext, strategy: ClaimStrategy) -> Finding:
+def _conditional_update(queue: QueueContext, strategy: ClaimStrategy, spare: SpareConnections) -> Finding:
     engine = queue.engine
     backend = backend_for(engine.dialect)
     if isinstance(engine.pool, SingletonThreadPool | StaticPool):
@@ -241,7 +292,7 @@ def _conditional_update(queue: QueueContext, strategy: ClaimStrategy) -> Finding
     control = control_table_of(queue.table)
     with translate_database_errors(engine, queue.table), _probe_row(engine, control) as probe:
         take = probe.take()
-        rival = engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        rival = spare.connect().execution_options(isolation_level="AUTOCOMMIT")
         clean = False
         try:
             # The winner takes the row in a transaction of the strategy's own
@@ -273,8 +324,13 @@ def _conditional_update(queue: QueueContext, strategy: ClaimStrategy) -> Finding
 # LISTEN ----------------------------------------------------------------------------------
 
 
-def _listen(queue: QueueContext) -> Finding:
-    """LISTEN as the worker's listener does, NOTIFY from the queue's engine, and wait for it."""
+def _listen(queue: QueueContext, spare: SpareConnections) -> Finding:
+    """LISTEN as the worker's listener does, NOTIFY from the queue's engine, and wait for it.
+
+    The listening connection of a sync engine comes from the self-test's own
+    pool: the NOTIFY needs one of the queue's pool meanwhile.  (An async
+    engine's listener has an engine of its own already.)
+    """
     engine = queue.engine
     backend = backend_for(engine.dialect)
     channel = f"sa_taskqueue_footing_{secrets.token_hex(8)}"
@@ -284,7 +340,7 @@ def _listen(queue: QueueContext) -> Finding:
     ask_session = None if session_call is None else str(select(session_call).compile(dialect=engine.dialect))
     listener_engine = listening_engine(engine)
     with translate_database_errors(engine, queue.table):
-        raw = listener_engine.raw_connection()
+        raw = spare.raw() if listener_engine is engine else listener_engine.raw_connection()
         try:
             driver: Any = raw.driver_connection
             driver.autocommit = True
