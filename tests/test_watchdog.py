@@ -154,6 +154,12 @@ def first_run(spans: Path) -> Run:
     return found[0]
 
 
+def completed_count(engine: sa.Engine) -> int:
+    with engine.connect() as conn:
+        query = sa.select(sa.func.count()).where(tq.Task.status == tq.TaskStatus.COMPLETED)
+        return conn.execute(query).scalar_one()
+
+
 def completed(engine: sa.Engine, task_id: int) -> bool:
     return task_row(engine, task_id).status == tq.TaskStatus.COMPLETED
 
@@ -263,6 +269,41 @@ def test_a_task_process_whose_lease_cannot_be_renewed_is_stopped_and_its_worker_
     wait_until(lambda: completed(engine, task_id), 60, "the second worker to complete the task")
     assert first.poll() is None, "the worker itself lives on"
     assert len(runs(spans)) == 2
+    assert_never_twice_at_once(spans, deaths)
+
+
+@pytest.mark.backends("postgres", "mysql", "mariadb")
+def test_a_task_process_worker_cut_off_once_its_tasks_have_ended_lives_on(
+    backend: Backend,
+    engine: sa.Engine,
+    default_queue: tq.TaskQueue,
+    spans: Path,
+    deaths: Deaths,
+    processes: list[subprocess.Popen[str]],
+    link: Link,
+) -> None:
+    # Tasks shorter than a heartbeat on four slots: when the partition comes,
+    # a renewal hangs, and the tasks claimed just before it end meanwhile.
+    # With none left running, nothing can run twice: the watchdog must not
+    # act on the deadline of tasks that have ended.
+    count = 40
+    for key in range(count):
+        enqueue_one(default_queue, engine, "span", {"key": key, "seconds": 0.1 * LEASE})
+    first, _ = worker(link.url(backend.url), spans, "--isolation", "process", "--concurrency", "4")
+    processes.append(first)
+    deaths.watch(first.pid)
+    wait_until(lambda: len(runs(spans)) >= 6, 60, "the worker to run a few tasks")
+    link.freeze()
+    cut_at = time.monotonic()
+    wait_until(lambda: all(run.end is not None for run in runs(spans)), 10, "the running tasks to end")
+    # The watchdog would act within one lease of the last renewal; watch for two.
+    while time.monotonic() < cut_at + 2 * LEASE:
+        assert first.poll() is None, "the watchdog killed a worker with no task running"
+        time.sleep(0.05)
+    second, _ = worker(backend.url, spans, "--isolation", "process")
+    processes.append(second)
+    wait_until(lambda: completed_count(engine) == count, 60, "the second worker to finish the rest")
+    assert first.poll() is None, "the cut-off worker lives on"
     assert_never_twice_at_once(spans, deaths)
 
 

@@ -36,6 +36,8 @@ class LeaseKeeper:
         self.outages = outages
         self.emit = emit
         self.watchdog: Watchdog | None = None
+        #: A renewal is on its way: the heartbeat cannot arm again until it returns.
+        self._renewing = False
         self.lease_seconds = self.heartbeat_seconds = self._arm_slack = 0.0
         self.read_lease()
 
@@ -66,13 +68,16 @@ class LeaseKeeper:
 
         (Under the state's lock.)  Only the heartbeat arms ``exact``ly.  Elsewhere a kill moving later
         may wait while the one armed is more than two heartbeats away, since
-        the heartbeat arms again within one.
+        the heartbeat arms again within one; but not while a renewal is on
+        its way, which can hang as long as a network partition lasts: a
+        worker whose tasks all end meanwhile would be killed by a deadline
+        that guards nothing.
         """
         watchdog = self.watchdog
         if watchdog is None:
             return
         lease = self.lease_seconds
-        slack = None if exact else self._arm_slack
+        slack = None if exact or self._renewing else self._arm_slack
         if slack is not None and watchdog.armed_beyond(
             slack, not_after=kill_at(extra.renewed_at, lease) if extra else None
         ):
@@ -95,7 +100,13 @@ class LeaseKeeper:
             self.arm(exact=True)  # before a renewal that may hang in an outage
             slots = [slot for slot in self.state.running_slots() if not slot.lease_lost]
             if slots:
-                self.renew(slots, interval)
+                with self.state.lock:
+                    self._renewing = True
+                try:
+                    self.renew(slots, interval)
+                finally:
+                    with self.state.lock:
+                        self._renewing = False
             self.arm(exact=True)
 
     def renew(self, slots: list[Slot], interval: float) -> None:
