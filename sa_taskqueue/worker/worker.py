@@ -46,6 +46,7 @@ from sa_taskqueue.worker.lease_keeper import LeaseKeeper, heartbeat_interval
 from sa_taskqueue.worker.lifecycle import Emitter, subscribe_hooks, subscribe_log
 from sa_taskqueue.worker.outages import Outages
 from sa_taskqueue.worker.outcome_writer import OutcomeWriter
+from sa_taskqueue.worker.pool_capacity import check_pool
 from sa_taskqueue.worker.ports import WorkerQueue
 from sa_taskqueue.worker.services import ListenService, ServiceRunner
 from sa_taskqueue.worker.slot_runner import Isolation, SlotRunner
@@ -165,6 +166,7 @@ class Worker:
         self.watchdog = watchdog
         self.self_test = self_test
         self.completion_delay = completion_delay
+        self._listening = listen and not burst  # (unless the pool cannot spare a connection: see `run`)
         self._state = state = WorkerState(self.worker_id)
         self._emit = emit = Emitter(queue.events, state, queue.clock)
         self._outages = Outages(queue.engine.dialect, emit)
@@ -277,6 +279,8 @@ class Worker:
             check_no_transactional(self.queue)
         if self.self_test and not self._prove_footing():
             return
+        # (After the self-test, which waits out an outage: the strategy is known by now.)
+        self._listening = check_pool(self.queue, self.concurrency, listen=self.listen and not self.burst)
         self._lease.read_lease()
         if self.watchdog:
             self._lease.start_watchdog(self._watchdog_lost)
@@ -356,7 +360,7 @@ class Worker:
                     self._outages.trouble,
                 )
             )
-        if self.listen and not self.burst and can_listen(self.queue.engine):
+        if self._listening and can_listen(self.queue.engine):
             services.append(ListenService(self.queue, self._claims.notified, self._claims.pause_changed))
         if self.queue.periodic_tasks:
             services.append(ScheduleService(self.queue, self.poll_interval, self._state.wake.set))
