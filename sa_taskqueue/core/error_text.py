@@ -6,12 +6,17 @@ because of it, nor fill the table and the logs, so every error text is made
 storable (`make_storable`) and cut to at most `MAX_ERROR_LENGTH` characters.
 The head says what went wrong and the tail where, so both are kept around a
 marker saying how much was cut.
+
+What is stored is also scrubbed of secrets (`format_error`'s ``redactor``): a
+task that fails with "could not reach postgresql://app:pw@db/app" leaves
+``***`` in the table where the password was, as the worker's log line shows.
 """
 
 from __future__ import annotations
 
 import traceback
 
+from sa_taskqueue.core.redaction import Redactor, hide_secrets
 from sa_taskqueue.core.storable_text import make_storable
 
 #: Longest ``last_error`` stored, and longest error text a worker's log line carries, in characters.
@@ -36,10 +41,21 @@ def bounded_text(text: str, limit: int = MAX_ERROR_LENGTH) -> str:
     return f"{text[:head]}{marker}{text[len(text) - tail :]}"
 
 
-def format_error(error: BaseException | str) -> str:
-    """The exception's type, message and traceback (or the text given), storable and bounded."""
+def format_error(error: BaseException | str, redactor: Redactor | None = None) -> str:
+    """The exception's type, message and traceback (or the text given), storable, bounded and scrubbed.
+
+    Given a ``redactor`` (a queue's: the secrets of its engine's URL), the
+    text has those secrets, URL credentials and ``password=...`` values shown
+    as ``***``.  The known secrets are hidden before the text is cut, so that
+    no cut leaves a password's halves on either side of the marker; the
+    patterns, which look at every word, run over the cut text alone.
+    """
     text = "".join(traceback.format_exception(error)) if isinstance(error, BaseException) else str(error)
-    return bounded_text(text)
+    if redactor is None:
+        return bounded_text(text)
+    scrubbed = redactor.text(bounded_text(hide_secrets(text, redactor.secrets)))
+    # ``***`` can be longer than what it hides (an empty password): cut again if so.
+    return bounded_text(scrubbed)
 
 
 def error_message(error: BaseException) -> str:

@@ -1,4 +1,4 @@
-"""Database URLs and error text with their secrets hidden, for everything the command line prints.
+"""Database URLs and error text with their secrets hidden: what the command line prints, what a queue stores.
 
 A URL carries its password in the userinfo (``user:password@host``) and, for
 many drivers, in query parameters (``?password=...``, ``?sslpassword=...``,
@@ -8,13 +8,23 @@ user is most likely to see echoed back in an error.  So a URL is shown with
 every secret replaced by ``***``, whether it parses or not, and any text the
 command line prints (its own errors, the driver's, log lines) is scrubbed of
 the secrets of the URLs it was given, in case a driver echoes them.
+
+A queue scrubs the error text it stores the same way, with the secrets of its
+own engine's URL: a task that fails with "could not reach <the URL>" must not
+leave the password in the table for ``sa-taskqueue show`` to print later.
+
+The patterns only ever start at the beginning of a word, so scrubbing is
+linear in the length of the text: an error message of 64 KB without a space
+in it is scrubbed in milliseconds, not the minute a pattern retried at every
+position would take.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from urllib.parse import unquote
+from typing import Any
+from urllib.parse import quote, quote_plus, unquote
 
 import sqlalchemy as sa
 
@@ -30,13 +40,22 @@ SECRET_KEY_PARTS = ("pass", "pwd", "secret", "token", "credential", "apikey", "a
 #: always redacted by their structure, whatever the secret's length.
 MIN_SCRUBBED_LENGTH = 4
 
-_KEY = r"[A-Za-z_][A-Za-z0-9_.-]*"
+#: A key starts where a word starts (the look-behind): tried again at every
+#: letter of a long word, the pattern would take time quadratic in its length.
+_KEY = r"(?<![A-Za-z0-9_.-])[A-Za-z0-9_][A-Za-z0-9_.-]*+"
 #: ``key=value`` in a query string or a libpq-style connection string.
 _KEY_VALUE = re.compile(
-    rf"(?P<key>{_KEY})(?P<eq>\s*=\s*)(?P<value>{re.escape(HIDDEN)}|'[^']*'|\"[^\"]*\"|[^\s&;,)]*)"
+    rf"(?P<key>{_KEY})(?P<eq>\s*=\s*)(?P<value>{re.escape(HIDDEN)}|'[^']*'|\"[^\"]*\"|[^\s&;,)]*+)"
 )
-#: ``scheme://user:password@`` anywhere in a text.
-_USERINFO = re.compile(r"(?P<start>[A-Za-z][A-Za-z0-9+.-]*://[^\s/:@]*):[^\s@]*@")
+#: The longest password the pattern below looks for: unbounded, a text of many
+#: ``a://b:`` would be scanned to its end from each of them.  A longer secret
+#: of a URL the command or the queue was given is still hidden, as a secret.
+_LONGEST_PASSWORD = 1024
+#: ``scheme://user:password@`` anywhere in a text (a scheme, too, starts where a word does).
+_USERINFO = re.compile(
+    r"(?P<start>(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]*+://[^\s/:@]*+)"
+    rf":[^\s@]{{0,{_LONGEST_PASSWORD}}}+@"
+)
 
 
 def is_secret_key(key: str) -> bool:
@@ -112,7 +131,21 @@ def url_secrets(url: str | sa.URL) -> set[str]:
             if is_secret_key(key):
                 found.update([value] if isinstance(value, str) else value)
     decoded = {unquote(secret) for secret in found}
-    return {secret for secret in found | decoded if secret}
+    return {form for secret in found | decoded if secret for form in _written_forms(secret)}
+
+
+def _written_forms(secret: str) -> set[str]:
+    """``secret`` as a text may carry it: as is, and percent-encoded as a URL writes it.
+
+    A task that names its database in an error formats the engine's URL,
+    where SQLAlchemy writes an ``@`` or ``/`` of the password as ``%40``,
+    ``%2F``; other code quotes it as ``urllib`` does.
+    """
+    rendered = sa.URL.create("x", username="u", password=secret, host="h").render_as_string(
+        hide_password=False
+    )
+    in_url = rendered.removeprefix("x://u:").removesuffix("@h")
+    return {secret, in_url, quote(secret, safe=""), quote_plus(secret)}
 
 
 def _raw_secrets(url: str) -> set[str]:
@@ -133,18 +166,37 @@ def _raw_secrets(url: str) -> set[str]:
 
 def redact_text(text: str, secrets: Iterable[str] = ()) -> str:
     """``text`` with ``secrets``, URL credentials and ``password=...`` style values replaced by ``***``."""
+    text = hide_secrets(text, secrets)
+    if "://" in text:
+        text = _USERINFO.sub(rf"\g<start>:{HIDDEN}@", text)
+    return _redact_key_values(text) if "=" in text else text
+
+
+def hide_secrets(text: str, secrets: Iterable[str]) -> str:
+    """``text`` with each of ``secrets`` (of `MIN_SCRUBBED_LENGTH` characters or more) as ``***``, only.
+
+    Plain substring replacement: what a long text goes through before it is
+    cut (`redact_text`'s patterns then run over the cut text alone), so that
+    no cut can leave a known secret's halves on either side of the marker.
+    """
     for secret in sorted(secrets, key=len, reverse=True):
         if len(secret) >= MIN_SCRUBBED_LENGTH:
             text = text.replace(secret, HIDDEN)
-    text = _USERINFO.sub(rf"\g<start>:{HIDDEN}@", text)
-    return _redact_key_values(text)
+    return text
 
 
 class Redactor:
-    """The secrets of the URLs one command was given, and the text it prints with them hidden."""
+    """The secrets of some URLs, and any text with them (and any URL credentials in it) hidden.
 
-    def __init__(self) -> None:
+    The command line keeps one for every URL it was given, and scrubs what
+    it prints; a queue keeps one for its engine's URL (`QueueParts.redactor`),
+    and scrubs the error text it stores.
+    """
+
+    def __init__(self, *urls: str | sa.URL | None) -> None:
         self.secrets: set[str] = set()
+        for url in urls:
+            self.remember(url)
 
     def remember(self, url: str | sa.URL | None) -> None:
         """Hide the secrets of ``url`` from everything printed from now on."""
@@ -157,11 +209,27 @@ class Redactor:
     def text(self, text: str) -> str:
         return redact_text(text, self.secrets)
 
+    def value(self, value: Any) -> Any:
+        """``value`` (a task's params or result: JSON's types) with every string in it scrubbed as `text`.
+
+        The strings are scrubbed one by one, not the JSON text they make: a
+        secret holding a quote or a backslash is written escaped in JSON, and
+        would not be found there.
+        """
+        if isinstance(value, str):
+            return self.text(value)
+        if isinstance(value, dict):
+            return {self.value(key): self.value(item) for key, item in value.items()}
+        if isinstance(value, list | tuple):
+            return [self.value(item) for item in value]
+        return value
+
 
 __all__ = [
     "HIDDEN",
     "Redactor",
     "has_unescaped_at",
+    "hide_secrets",
     "is_secret_key",
     "redact_text",
     "redact_url",

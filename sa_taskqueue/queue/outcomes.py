@@ -102,7 +102,11 @@ class Outcomes:
         self, claimed: ClaimedTask, error: BaseException | str, now: datetime, *, retry: bool
     ) -> dict[str, Any]:
         """What a failure writes: queued again after its backoff while attempts remain, else FAILED."""
-        values: dict[str, Any] = {"last_error": format_error(error), "locked_until": None}
+        # Scrubbed of the engine's secrets: a task's own message may quote its URL.
+        values: dict[str, Any] = {
+            "last_error": format_error(error, self._parts.redactor),
+            "locked_until": None,
+        }
         if retry and claimed.malformed is None and claimed.attempts < claimed.max_attempts:
             values.update(status=TaskStatus.QUEUED, run_at=now + self.retry_delay(claimed))
         else:

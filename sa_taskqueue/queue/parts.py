@@ -1,8 +1,9 @@
 """`QueueParts`: what every part of a queue shares, and what its features see (`features.ports.QueueContext`).
 
 The engine and where its calls run, the table and what its columns hold,
-the clock, the lease, the strategy (resolved on first use), the worker id
-and the translation of database errors: one object, owned by the
+the clock, the lease, the strategy (resolved on first use), the worker id,
+the translation of database errors and the secrets hidden from what is
+stored: one object, owned by the
 `TaskQueue`, handed to each of its parts and features.
 """
 
@@ -24,6 +25,7 @@ from sa_taskqueue.backends import backend_for
 from sa_taskqueue.core.event_loop_bridge import EventLoopBridge
 from sa_taskqueue.core.exceptions import translate_database_errors
 from sa_taskqueue.core.limits import ColumnLimits
+from sa_taskqueue.core.redaction import Redactor
 from sa_taskqueue.strategies import registry
 from sa_taskqueue.strategies.base import ClaimStrategy
 
@@ -55,6 +57,10 @@ class QueueParts:
         self._strategy_lock = threading.Lock()
         self._requested_strategy = strategy
         self._worker_id: tuple[int, str] | None = None
+        #: The secrets of the engine's URL (its password, secret query values), hidden from every
+        #: error text the queue stores.  A LISTEN connection, and an async engine's listener, are
+        #: opened from this same URL, so its secrets are theirs too.
+        self.redactor = Redactor(engine.url)
 
     @property
     def is_async(self) -> bool:
