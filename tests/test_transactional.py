@@ -20,10 +20,11 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 import sa_taskqueue as tq
+from sa_taskqueue.worker.slot_runner import FREE_GIVE_BACKS_AFTER_A_CUT
 from tests.app import queue_bind
 from tests.backends import Backend
-from tests.helpers import MovableClock, wait_until
-from tests.txn_app import effects, make_txn_queue, reset
+from tests.helpers import MovableClock, kill_other_sessions, wait_until
+from tests.txn_app import Effect, effects, make_txn_queue, reset
 
 ROOT = Path(__file__).resolve().parent.parent
 LEASE = timedelta(minutes=5)
@@ -180,6 +181,116 @@ def test_a_worker_whose_lease_was_taken_over_rolls_back_and_leaves_the_new_outco
     assert (done.status, done.result, done.attempts) == (tq.TaskStatus.COMPLETED, "the second worker's", 2)
     assert worker.processed == 0
     assert "its lease was lost" in caplog.text
+
+
+class CutAtEveryRun:
+    """A transactional task ``cut_me``: it writes, then waits in its transaction for the test to cut it."""
+
+    def __init__(self, queue: tq.TaskQueue, engine: sa.Engine) -> None:
+        self.inside = threading.Semaphore(0)
+        self.go_on = threading.Semaphore(0)
+        self.engine = engine
+        self.observer = sa.create_engine(engine.url, poolclass=sa.pool.NullPool)  # pooled with nothing
+        self.last_run = False
+        hold = self._hold
+        if queue.is_async:
+
+            @queue.task(name="cut_me", transactional=True)
+            async def cut_me_async(session: Any, key: int) -> int:
+                session.add(Effect(task_key=key))
+                await session.flush()
+                hold()
+                return key
+
+        else:
+
+            @queue.task(name="cut_me", transactional=True)
+            def cut_me(session: Session, key: int) -> int:
+                session.add(Effect(task_key=key))
+                session.flush()
+                hold()
+                return key
+
+    def _hold(self) -> None:
+        if self.last_run:
+            return
+        self.inside.release()
+        if not self.go_on.acquire(timeout=30):
+            raise TimeoutError("the test never cut the connection")
+
+    def cut(self) -> None:
+        """Wait for a run to be inside its transaction, cut every connection but the test's, let it go on.
+
+        (The test's own engine's pooled connections are cut too: its pool is emptied.)
+        """
+        assert self.inside.acquire(timeout=30), "no run reached its transaction"
+        with self.observer.connect() as conn:
+            assert kill_other_sessions(conn) >= 1
+        self.engine.dispose()
+        self.go_on.release()
+
+    def ended(self, task_id: int) -> Any:
+        wait_until(
+            lambda: row(self.observer, task_id).status in (tq.TaskStatus.COMPLETED, tq.TaskStatus.FAILED),
+            60,
+            "the task to end",
+        )
+        return row(self.observer, task_id)
+
+
+@pytest.mark.backends("postgres", "postgres18", "mysql", "mariadb")
+def test_a_task_whose_connection_the_server_cuts_runs_again_without_spending_an_attempt(
+    txn_engine: sa.Engine, txn_queue: tq.TaskQueue, caplog: pytest.LogCaptureFixture
+) -> None:
+    # As a server restart does: every connection is cut while the task is
+    # inside its transaction, its insert made.  Its one attempt is not spent.
+    task = CutAtEveryRun(txn_queue, txn_engine)
+    with Session(txn_engine) as session:
+        task_id = txn_queue.enqueue(session, "cut_me", {"key": 5}, max_attempts=1).id
+        session.commit()
+    worker = tq.Worker(txn_queue, concurrency=1, poll_interval=0.05, watchdog=False)
+    thread = threading.Thread(target=worker.run)
+    with caplog.at_level(logging.WARNING, logger="sa_taskqueue"):
+        thread.start()
+        try:
+            task.cut()
+            task.last_run = True
+            done = task.ended(task_id)
+        finally:
+            task.go_on.release()
+            worker.stop()
+            thread.join(60)
+    assert (done.status, done.attempts, done.result) == (tq.TaskStatus.COMPLETED, 1, 5), (
+        "the run the server cut did not count"
+    )
+    assert effects(task.observer) == {5: 1}, "the cut run's insert was rolled back, the next one's committed"
+    assert "its connection was cut" in caplog.text
+    assert worker.given_back == 1
+
+
+@pytest.mark.backends("postgres", "mysql", "mariadb")
+def test_a_task_cut_off_at_every_run_fails_in_the_end(txn_engine: sa.Engine, txn_queue: tq.TaskQueue) -> None:
+    # A task whose own statements make the server drop its connection would
+    # be given back forever: past a few free runs, a cut counts.
+    task = CutAtEveryRun(txn_queue, txn_engine)
+    with Session(txn_engine) as session:
+        task_id = txn_queue.enqueue(session, "cut_me", {"key": 6}, max_attempts=1).id
+        session.commit()
+    worker = tq.Worker(txn_queue, concurrency=1, poll_interval=0.05, watchdog=False)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        for _ in range(FREE_GIVE_BACKS_AFTER_A_CUT + 1):
+            task.cut()
+        done = task.ended(task_id)
+    finally:
+        task.last_run = True
+        task.go_on.release()
+        worker.stop()
+        thread.join(60)
+    assert (done.status, done.attempts) == (tq.TaskStatus.FAILED, 1)
+    assert worker.given_back == FREE_GIVE_BACKS_AFTER_A_CUT
+    assert effects(task.observer) == {}
 
 
 # Registration --------------------------------------------------------------------------

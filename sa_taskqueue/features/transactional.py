@@ -17,6 +17,11 @@ back too, and is recorded by the ordinary fail path in a transaction of its
 own.  So the task's writes on that session happen exactly once, together with
 the one completion, however often workers die midway.
 
+A run whose own connection is cut (the server restarted, the connection was
+killed) says so in ``cut``: its transaction ended on the server with the
+connection, its writes with it, through no fault of the task's, and the worker
+gives the task back rather than count the attempt.
+
 Only the writes made through the given session are covered: anything else
 the task does (another database, an HTTP call, a mail) is at least once.
 """
@@ -162,6 +167,8 @@ class SyncRun:
         self.queue = queue
         self.func = func
         self.conn: Connection | None = None
+        #: The run's connection was found dead (SQLAlchemy invalidated it on a disconnect error).
+        self.cut = False
 
     def call(self, **params: Any) -> Any:
         conn = self.conn = out_of_autocommit(self.queue.engine.connect())
@@ -176,6 +183,7 @@ class SyncRun:
                 session.commit()  # flushes, and releases the savepoint: the transaction stays open
             return result
         except BaseException:
+            self.cut = conn.invalidated
             self.discard()
             raise
 
@@ -193,6 +201,9 @@ class SyncRun:
                 return False
             conn.commit()
             return True
+        except BaseException:
+            self.cut = conn.invalidated
+            raise
         finally:
             self.discard()
 
@@ -210,6 +221,7 @@ class AsyncRun:
         self.queue = queue
         self.func = func
         self.conn: AsyncConnection | None = None
+        self.cut = False
 
     async def call(self, **params: Any) -> Any:
         from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
@@ -231,6 +243,7 @@ class AsyncRun:
                 await session.commit()
             return result
         except BaseException:
+            self.cut = conn.invalidated
             await self.discard()
             raise
 
@@ -247,6 +260,9 @@ class AsyncRun:
                 return False
             await conn.commit()
             return True
+        except BaseException:
+            self.cut = conn.invalidated
+            raise
         finally:
             await self.discard()
 

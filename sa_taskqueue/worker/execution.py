@@ -60,6 +60,9 @@ class Outcome:
     #: A transactional task's: True when its completion committed with its writes (nothing left
     #: to record), False when they were rolled back for a lost lease (nothing to record either).
     committed: bool | None = None
+    #: A transactional task's: its own connection was cut (a server restart, a connection killed)
+    #: while it ran or committed; its writes went with it.  The database failed, not the task.
+    connection_cut: bool = False
 
     @property
     def ok(self) -> bool:

@@ -232,6 +232,21 @@ class OutcomeWriter:
             logger.warning("task %d %s: outcome not recorded, the task was taken over", *ids(task))
         return failure_kind(task) if recorded else None
 
+    def give_back(self, task: ClaimedTask) -> bool:
+        """Queue ``task`` again, its attempt not counted, through an outage; whether it was.
+
+        False if it was taken over meanwhile, or the database stayed away
+        past the lease (the lease then gives it back).
+        """
+        try:
+            released = self._through_outage(
+                partial(self.queue.release, task), [task], partial(self._landed, task, completed=False)
+            )
+        except DatabaseError:
+            logger.exception("task %d %s: could not give it back; its lease will", *ids(task))
+            return False
+        return bool(released)
+
     def _landed(self, task: ClaimedTask, written: bool, *, completed: bool) -> bool:
         return written or self.queue.outcome_written(task, completed=completed)
 

@@ -45,6 +45,12 @@ logger = logging.getLogger("sa_taskqueue")
 
 Isolation = Literal["thread", "process"]
 
+#: Times a transactional task cut off from the database by its connection is queued again,
+#: its attempt not counted, before a further cut counts as its failure (in one worker).
+FREE_GIVE_BACKS_AFTER_A_CUT = 3
+#: Tasks whose cuts a worker remembers at most; past this it starts counting afresh.
+MAX_CUTS_REMEMBERED = 10_000
+
 
 class SlotRunner:
     """Runs tasks in their slots, and gives back what a shutdown leaves unfinished.
@@ -77,6 +83,8 @@ class SlotRunner:
         self.hooked = hooked
         self._event_loop = event_loop
         self._own_loop: LoopThread | None = None
+        #: How often each task's connection was cut under it in this worker, by task id.
+        self._cuts: dict[int, int] = {}
 
     def take_up(self, slot: Slot) -> None:
         """A slot's thread takes up its task, and the lone slot's next ones as it claims them."""
@@ -191,6 +199,9 @@ class SlotRunner:
         given_back = self.finished(slot)
         if given_back or isinstance(outcome.error, GivenBack) or outcome.committed is False:
             return
+        if outcome.connection_cut and not self._cut_too_often(slot):
+            self._give_back_cut(slot, outcome.error)
+            return
         if outcome.ok and not outcome.committed and outcome.result is not None:
             try:
                 check_result(outcome.result)
@@ -226,9 +237,10 @@ class SlotRunner:
         task = slot.task
         timeout = registered.options.timeout
         settle: Callable[[Any, bool], bool]
+        run: SyncRun | AsyncRun
         if registered.is_async:
             loop = self.queue.event_loop()  # where the queue's AsyncEngine's connections live
-            async_run = AsyncRun(self.queue, registered.func)
+            async_run = run = AsyncRun(self.queue, registered.func)
             outcome = run_on_loop(async_run.call, task.params, timeout, loop, partial(self._started, slot))
 
             def settle(result: Any, commit: bool) -> bool:
@@ -236,7 +248,7 @@ class SlotRunner:
                 return asyncio.run_coroutine_threadsafe(coroutine, loop).result()
 
         else:
-            sync_run = SyncRun(self.queue, registered.func)
+            sync_run = run = SyncRun(self.queue, registered.func)
             outcome = run_in_thread(sync_run.call, task.params, timeout)
 
             def settle(result: Any, commit: bool) -> bool:
@@ -244,14 +256,14 @@ class SlotRunner:
 
         if not outcome.ok:
             settle(None, False)  # (rolled back already, unless it failed after the call)
-            return outcome
+            return replace(outcome, connection_cut=run.cut)
         may_commit = not (slot.given_back or slot.lease_lost)
         slot.completing = True  # (the loop claims for the other free slots meanwhile)
         try:
             committed = settle(outcome.result, may_commit)
         except Exception as error:  # noqa: BLE001 - recorded as the task's failure, its writes rolled back
             slot.completing = False  # still RUNNING and this worker's, until the fail path writes
-            return Outcome(error=error)
+            return Outcome(error=error, connection_cut=run.cut)
         finally:
             self.state.wake.set()
         # ``completing`` stays set until the slot is freed: the row has left
@@ -265,6 +277,42 @@ class SlotRunner:
             log_lease_lost(task)
             self.emit.task(EventKind.LEASE_LOST, task)
         return replace(outcome, committed=committed)
+
+    def _cut_too_often(self, slot: Slot) -> bool:
+        """Whether the task's connection has been cut under it more often than a server's trouble explains.
+
+        A restart cuts every connection once; a task whose own statements
+        make the server drop its connection (a packet over MySQL's
+        ``max_allowed_packet``, say) would be cut at every run, and is then
+        failed like any other, so that it cannot run forever unfailed.
+        """
+        with self.state.lock:
+            cuts = self._cuts.get(slot.task.id, 0) + 1
+            if len(self._cuts) >= MAX_CUTS_REMEMBERED:
+                self._cuts.clear()
+            self._cuts[slot.task.id] = cuts
+        return cuts > FREE_GIVE_BACKS_AFTER_A_CUT
+
+    def _give_back_cut(self, slot: Slot, error: BaseException | None) -> None:
+        """Queue again, its attempt not counted, a transactional task whose connection was cut as it ran.
+
+        Its writes ended with the connection, so nothing of the run
+        happened: it is given back, written through an outage like any
+        outcome, rather than failed and made to wait for a retry.
+        """
+        task = slot.task
+        logger.warning(
+            "task %d %s attempt %d: its connection was cut (%s); its writes were rolled back and it is "
+            "queued again, the attempt not counted",
+            *ids(task),
+            task.attempts,
+            error_message(error) if error is not None else "connection lost",
+        )
+        slot.duration = time.monotonic() - slot.started
+        if self.writer.give_back(task):
+            with self.state.lock:
+                self.state.given_back += 1
+            self.emit.task(EventKind.GIVEN_BACK, task, duration=slot.duration)
 
     def _started(self, slot: Slot, future: Future[Outcome]) -> bool:
         """Keep an async run's future, for giving it back; False if it was given back already."""
