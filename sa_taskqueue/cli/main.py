@@ -29,7 +29,14 @@ from sa_taskqueue.backends import SERVED_BY, backend_for
 from sa_taskqueue.cli import params as cli_params
 from sa_taskqueue.cli.demo import DEFAULT_URL, run_demo
 from sa_taskqueue.cli.preflight import driver_hint, is_driver, missing_database_message
-from sa_taskqueue.cli.render import human_age, print_list, print_task, row_json, rows_json
+from sa_taskqueue.cli.render import (
+    LISTED_VALUE_LENGTH,
+    human_age,
+    print_list,
+    print_task,
+    row_json,
+    rows_json,
+)
 from sa_taskqueue.core import validation
 from sa_taskqueue.core.exceptions import (
     DatabaseBusy,
@@ -72,12 +79,18 @@ class Failure(click.ClickException):
 @click.group()
 @click.version_option(__version__, "--version", prog_name="sa-taskqueue", message="%(prog)s %(version)s")
 @click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line errors.")
+@click.option(
+    "--url",
+    default=None,
+    help=f"Database URL for the command that follows (as its own --url; default: ${URL_ENV}).",
+)
 @click.pass_context
-def cli(ctx: click.Context, debug: bool) -> None:
+def cli(ctx: click.Context, debug: bool, url: str | None) -> None:
     """sa_taskqueue: a task queue in the SQL database you already have."""
-    ctx.obj = {"debug": debug}
+    ctx.obj = {"debug": debug, "url": url}
     # An application the worker imports may build its engine from it.
     redactor.remember(os.environ.get(URL_ENV))
+    redactor.remember(url)
 
 
 # Errors ------------------------------------------------------------------------
@@ -174,7 +187,41 @@ def _checked_url(url: str | None) -> str:
 
 
 def _url_option(func: Callable[..., Any]) -> Callable[..., Any]:
-    return click.option("--url", envvar=URL_ENV, help=f"Database URL (default: ${URL_ENV}).")(func)
+    return click.option(
+        "--url", envvar=URL_ENV, callback=_url_before_command, help=f"Database URL (default: ${URL_ENV})."
+    )(func)
+
+
+def _url_before_command(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A command's ``--url``: the one typed before the command (``sa-taskqueue --url X status``) if any.
+
+    Typed both before and after the command, the two must agree: which
+    database a ``purge`` deletes from is not left to a precedence rule.
+    """
+    before = _url_typed_before(ctx)
+    if before is None:
+        return value
+    typed_after = ctx.get_parameter_source(param.name or "url") is click.core.ParameterSource.COMMANDLINE
+    if typed_after and value != before:
+        raise click.UsageError(
+            "--url is given before the command and after it, with different URLs: give it once", ctx
+        )
+    return before
+
+
+def _url_typed_before(ctx: click.Context) -> str | None:
+    """The ``--url`` typed before the command's name, or None."""
+    obj = ctx.find_root().obj
+    return obj.get("url") if isinstance(obj, dict) else None
+
+
+def _url_typed(ctx: click.Context) -> bool:
+    """Whether the command's URL was typed on the command line (before or after its name), not read
+    from the environment."""
+    return (
+        ctx.get_parameter_source("url") is click.core.ParameterSource.COMMANDLINE
+        or _url_typed_before(ctx) is not None
+    )
 
 
 # worker --------------------------------------------------------------------------
@@ -315,10 +362,10 @@ WORKER_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
     ),
     click.option(
         "--log-level",
-        type=click.Choice(["debug", "info", "warning", "error"]),
+        type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
         default="info",
         show_default=True,
-        help="The least severe log lines written.",
+        help="The least severe log lines written (any case: DEBUG, debug).",
     ),
 ]
 
@@ -361,6 +408,8 @@ def worker(
     tasks APP registers, on APP's table and database, until SIGTERM or
     SIGINT (or, with --burst, until nothing is due).
     """
+    if _url_typed_before(ctx) is not None:
+        raise click.UsageError("worker takes no --url: it uses the engine of the queue APP builds", ctx)
     configure_logging(log_format, log_level)
     with for_people(ctx):
         queue = load_queue(app)
@@ -448,7 +497,7 @@ def _target(ctx: click.Context, app: str | None, url: str | None) -> Target:
     With both, ``--url`` given on the command line (not from the environment)
     points APP's table at another database: a replica, a staging copy.
     """
-    url_given = ctx.get_parameter_source("url") is click.core.ParameterSource.COMMANDLINE
+    url_given = _url_typed(ctx)
     if app is None:
         queue = TaskQueue(_engine(url))
         loaded = None
@@ -657,6 +706,12 @@ def unregistered_line(unregistered: list[UnregisteredTasks]) -> str:
 @click.option("--name", default=None, help="Only tasks of this name.")
 @click.option("--limit", default=50, show_default=True, type=cli_params.LIST_LIMIT, help="At most this many.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON array of every column, for scripts.")
+@click.option(
+    "--full",
+    is_flag=True,
+    help=f"With --json, print long values whole (by default each is cut to {LISTED_VALUE_LENGTH:,} "
+    "characters; `show ID` prints one task whole).",
+)
 @_app_option
 @_url_option
 @click.pass_context
@@ -667,10 +722,18 @@ def list_command(
     name: str | None,
     limit: int,
     as_json: bool,
+    full: bool,
     app: str | None,
     url: str | None,
 ) -> None:
-    """The newest tasks first: id, name, queue, status, attempts, run_at, age and worker."""
+    """The newest tasks first: id, name, queue, status, attempts, run_at, age and worker.
+
+    With --json, every column, each value longer than 1,000 characters cut
+    around a marker saying how much was cut (and named in the row's "_cut"),
+    unless --full is given.
+    """
+    if full and not as_json:
+        raise click.UsageError("--full goes with --json (the table prints short columns only)")
     with for_people(ctx, url):
         target = _target(ctx, app, url)
     with for_people(ctx, target.url):
@@ -678,9 +741,9 @@ def list_command(
             target.queue, admin.list_tasks, status=status_, queue=queue_name, name=name, limit=limit
         )
     if as_json:
-        click.echo(rows_json(rows))
+        click.echo(rows_json(rows, redactor, limit=None if full else LISTED_VALUE_LENGTH))
     else:
-        print_list(Console(), rows, utcnow())
+        print_list(Console(), rows, utcnow(), redactor)
 
 
 @cli.command("schedules")
@@ -736,7 +799,7 @@ def schedules_command(
 @_url_option
 @click.pass_context
 def show_command(ctx: click.Context, task_id: int, as_json: bool, app: str | None, url: str | None) -> None:
-    """Everything about task TASK_ID: params, attempts, lease, times, result and the last error in full."""
+    """Everything about task TASK_ID, whole: params, attempts, lease, times, result and the last error."""
     with for_people(ctx, url):
         target = _target(ctx, app, url)
     with for_people(ctx, target.url):
@@ -744,9 +807,9 @@ def show_command(ctx: click.Context, task_id: int, as_json: bool, app: str | Non
     if row is None:
         raise Failure(f"no task {task_id} in {target.queue.table.name}")
     if as_json:
-        click.echo(row_json(row))
+        click.echo(row_json(row, redactor))
     else:
-        print_task(Console(), row)
+        print_task(Console(), row, redactor)
 
 
 @cli.command()
@@ -1050,7 +1113,13 @@ def print_doctor(sections: list[tuple[str, list[str]]]) -> None:
 @click.option(
     "--workers", default=4, show_default=True, type=cli_params.DEMO_WORKERS, help="Worker processes."
 )
-@click.option("--url", default=DEFAULT_URL, show_default=True, help="Database URL (tables of its own).")
+@click.option(
+    "--url",
+    default=DEFAULT_URL,
+    show_default=True,
+    callback=_url_before_command,
+    help="Database URL (tables of its own).",
+)
 @click.pass_context
 def demo(ctx: click.Context, tasks: int, workers: int, url: str) -> None:
     """Enqueue TASKS tasks, drain them with WORKERS processes, and summarise."""

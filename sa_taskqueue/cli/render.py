@@ -3,20 +3,36 @@
 The rows are `sa_taskqueue.features.admin.list_tasks` and ``get_task``'s (column ->
 value); what a person sees is chosen here, what a script gets is every
 column, with times as ISO 8601 in UTC.
+
+Everything printed is scrubbed of the secrets of the URLs the command was
+given (a row stored before the queue scrubbed its errors may hold one).  A
+listing prints many rows, so each long value is cut to `LISTED_VALUE_LENGTH`
+characters around a marker saying how much was cut: fifty tasks with a 20 MB
+result each would otherwise print a gigabyte.  ``show`` prints one task whole.
 """
 
 from __future__ import annotations
 
 import enum
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table as RichTable
 
+from sa_taskqueue.core.redaction import Redactor
 from sa_taskqueue.features.admin import Undecodable
+
+#: The longest value a listing prints of a column, in characters: of its JSON
+#: text for the params and the result, of the text for the others.
+LISTED_VALUE_LENGTH = 1000
+
+#: The key a listed row in JSON gains when a value of it was cut: column -> the length of the whole value.
+CUT_KEY = "_cut"
+
+_CUT_MARKER = " ... [{cut:,} of {whole:,} characters cut: `sa-taskqueue show {task_id}` prints them] ... "
 
 #: The columns ``show`` prints in its table, in this order; the long ones
 #: (params, result, last error) follow it, each as a block of its own.
@@ -59,16 +75,72 @@ def json_value(value: Any) -> Any:
     return value
 
 
-def rows_json(rows: Iterable[dict[str, Any]]) -> str:
-    return json.dumps([{key: json_value(value) for key, value in row.items()} for row in rows], default=str)
+def rows_json(
+    rows: Iterable[dict[str, Any]],
+    redactor: Redactor | None = None,
+    *,
+    limit: int | None = LISTED_VALUE_LENGTH,
+) -> str:
+    """The rows as one JSON array, each value longer than ``limit`` cut (None: printed whole).
+
+    A cut value becomes a string: its head and tail (of its JSON text, for
+    a params or result) around a marker saying how much was cut, and the row
+    gains `CUT_KEY`, mapping each column cut to the length of its whole value,
+    so that a script can tell a cut value from a string that looks like one.
+    """
+    return json.dumps([listed_row(row, redactor, limit) for row in rows], default=str)
 
 
-def row_json(row: dict[str, Any]) -> str:
-    return json.dumps({key: json_value(value) for key, value in row.items()}, indent=2, default=str)
+def row_json(row: dict[str, Any], redactor: Redactor | None = None) -> str:
+    """One task as a JSON object of every column, whole."""
+    return json.dumps(scrubbed_row(row, redactor), indent=2, default=str)
 
 
-def print_list(console: Console, rows: list[dict[str, Any]], now: datetime) -> None:
-    """The tasks as a table, newest first, as ``rows`` come."""
+def scrubbed_row(row: dict[str, Any], redactor: Redactor | None) -> dict[str, Any]:
+    """The row as JSON takes it (`json_value`), every string in it scrubbed by ``redactor``."""
+    scrub: Callable[[Any], Any] = redactor.value if redactor is not None else _same
+    return {key: scrub(json_value(value)) for key, value in row.items()}
+
+
+def listed_row(row: dict[str, Any], redactor: Redactor | None, limit: int | None) -> dict[str, Any]:
+    """`scrubbed_row`, with each value longer than ``limit`` characters cut (see `rows_json`)."""
+    listed = scrubbed_row(row, redactor)
+    if limit is None:
+        return listed
+    cut: dict[str, int] = {}
+    for key, value in listed.items():
+        text = value if isinstance(value, str) else json.dumps(value, default=str)
+        if len(text) > limit:
+            listed[key] = cut_text(text, limit, row.get("id"))
+            cut[key] = len(text)
+    if cut:
+        listed[CUT_KEY] = cut
+    return listed
+
+
+def cut_text(text: str, limit: int, task_id: Any) -> str:
+    """``text`` cut in the middle to about ``limit`` characters, around a marker saying how much was cut.
+
+    The head says what a value is (a params' first keys, an error's type);
+    the tail of an error text is its last line, the exception and message.
+    """
+    if len(text) <= limit:
+        return text
+    head = limit // 2
+    tail = limit - head
+    marker = _CUT_MARKER.format(cut=len(text) - limit, whole=len(text), task_id=task_id)
+    return f"{text[:head]}{marker}{text[len(text) - tail :]}"
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+def print_list(
+    console: Console, rows: list[dict[str, Any]], now: datetime, redactor: Redactor | None = None
+) -> None:
+    """The tasks as a table, newest first, as ``rows`` come: the short columns alone, scrubbed."""
+    scrub: Callable[[str], str] = redactor.text if redactor is not None else _same
     table = RichTable(title="tasks (newest first)")
     for heading, justify in (
         ("id", "right"),
@@ -82,7 +154,7 @@ def print_list(console: Console, rows: list[dict[str, Any]], now: datetime) -> N
     ):
         table.add_column(heading, justify=justify, no_wrap=heading in ("id", "run_at (UTC)"))  # type: ignore[arg-type]
     for row in rows:
-        table.add_row(
+        cells = (
             str(row["id"]),
             row["name"],
             row["queue"],
@@ -92,13 +164,24 @@ def print_list(console: Console, rows: list[dict[str, Any]], now: datetime) -> N
             human_age(now - row["created_at"]) if row.get("created_at") else "",
             row.get("locked_by") or "",
         )
+        table.add_row(*(cut_text(scrub(cell), LISTED_VALUE_LENGTH, row["id"]) for cell in cells))
     if not rows:
         table.add_row("", "(no tasks)", *("" for _ in range(6)))
     console.print(table)
 
 
-def print_task(console: Console, row: dict[str, Any]) -> None:
-    """Every column of one task: a table of the short ones, then params, result and error verbatim."""
+def print_task(console: Console, row: dict[str, Any], redactor: Redactor | None = None) -> None:
+    """Every column of one task, whole: a table of the short ones, then params, result and error verbatim.
+
+    Verbatim but for the secrets ``redactor`` knows, shown as ``***``.
+    """
+    if redactor is not None:
+        row = {
+            key: Undecodable(redactor.text(value.text))
+            if isinstance(value, Undecodable)
+            else redactor.value(value)
+            for key, value in row.items()
+        }
     table = RichTable(title=f"task {row['id']}", show_header=False)
     table.add_column("field")
     table.add_column("value")
@@ -137,4 +220,16 @@ def _block(key: str, value: Any) -> str:
     return json.dumps(value, indent=2, sort_keys=True, default=str)
 
 
-__all__ = ["human_age", "json_value", "print_list", "print_task", "row_json", "rows_json"]
+__all__ = [
+    "CUT_KEY",
+    "LISTED_VALUE_LENGTH",
+    "cut_text",
+    "human_age",
+    "json_value",
+    "listed_row",
+    "print_list",
+    "print_task",
+    "row_json",
+    "rows_json",
+    "scrubbed_row",
+]
