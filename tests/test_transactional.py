@@ -357,9 +357,11 @@ STORM_PAUSE = 0.02
 STORM_ATTEMPTS = 100
 
 
-def start_worker(backend: Backend, tmp_path: Path, n: int) -> subprocess.Popen[bytes]:
+def start_worker(
+    backend: Backend, tmp_path: Path, n: int, *options: str, lease: float = STORM_LEASE
+) -> subprocess.Popen[bytes]:
     log = open(tmp_path / f"worker-{n}.log", "wb")  # noqa: SIM115 - closed with the process below
-    args = ["--url", backend.url, "--lease", str(STORM_LEASE), "--concurrency", str(STORM_SLOTS)]
+    args = ["--url", backend.url, "--lease", str(lease), "--concurrency", str(STORM_SLOTS), *options]
     return subprocess.Popen(
         [sys.executable, "-m", "tests.txn_app", *args, "--name", f"w{n}"],
         cwd=ROOT,
@@ -451,3 +453,38 @@ def test_kill_storm_every_task_s_writes_commit_exactly_once(
     assert set(found) == set(range(STORM_TASKS)), figures
     assert max(found.values()) == 1, f"a task's writes committed twice: {figures}"
     assert "Traceback" not in logs, logs[-5000:]
+
+
+@pytest.mark.slow  # starts processes: run in each backend's full session
+@pytest.mark.backends("sqlite")
+def test_workers_sharing_a_sqlite_file_keep_their_leases_behind_transactional_tasks(
+    backend: Backend, txn_engine: sa.Engine, tmp_path: Path
+) -> None:
+    """Four watched workers of two slots, a 2 s lease, each task holding SQLite's one write lock for its run.
+
+    A renewal waiting for that lock in no order behind the tasks would run
+    out of time, and the watchdog would kill its worker: none may die.
+    """
+    lease, count = 2.0, 160
+    queue = make_txn_queue(txn_engine, None, timedelta(seconds=lease), bind=txn_engine)
+    pauses = random.Random(20261128)
+    with Session(txn_engine) as session:
+        tasks = ({"key": key, "pause": pauses.uniform(0.02, 0.1)} for key in range(count))
+        queue.enqueue_many(session, "effect", tasks, max_attempts=1)
+        session.commit()
+    queue.close()
+    workers = [start_worker(backend, tmp_path, n, "--watchdog", lease=lease) for n in range(4)]
+
+    def all_done() -> bool:
+        for n, worker in enumerate(workers):
+            log = (tmp_path / f"worker-{n}.log").read_text()
+            assert worker.poll() is None, f"worker {n} ended ({worker.returncode}): {log[-2000:]}"
+        return statuses(txn_engine).get("completed", 0) == count
+
+    try:
+        wait_until(all_done, 120, f"the workers to complete {count} tasks")
+    finally:
+        for worker in workers:
+            worker.kill()
+            worker.wait()
+    assert effects(txn_engine) == dict.fromkeys(range(count), 1)

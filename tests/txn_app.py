@@ -135,7 +135,7 @@ def _work(args: argparse.Namespace) -> None:
     # The watchdog would kill a stopped worker before its lease ends; without
     # it a stopped worker wakes up after another took its tasks, and only the
     # fence stands between it and a second commit of their writes.
-    queue.run_worker(concurrency=args.concurrency, poll_interval=0.05, watchdog=False, listen=False)
+    queue.run_worker(concurrency=args.concurrency, poll_interval=0.05, watchdog=args.watchdog, listen=False)
 
 
 def main() -> None:
@@ -144,6 +144,7 @@ def main() -> None:
     parser.add_argument("--lease", type=float, default=1.5)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--name", default="worker")
+    parser.add_argument("--watchdog", action="store_true", help="run watched, as workers are by default")
     _work(parser.parse_args())
 
 

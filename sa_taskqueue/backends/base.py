@@ -22,6 +22,7 @@ from sqlalchemy.types import TypeEngine
 if TYPE_CHECKING:
     from sa_taskqueue.backends.table_health.figures import TableHealth
     from sa_taskqueue.backends.table_health.thresholds import HealthThresholds
+    from sa_taskqueue.backends.write_gate import WriteGate
 
 #: Execution option: how many rows the driver may fetch per round trip, where
 #: a backend sizes its fetches (`Backend.configure_engine`); ignored elsewhere.
@@ -237,6 +238,14 @@ class Backend:
 
     def bulk_copier(self, conn: Connection) -> BulkCopier | None:
         """What copies rows in by the driver's COPY on ``conn``; None where its driver has no COPY."""
+        return None
+
+    def write_gate(self, url: URL) -> WriteGate | None:
+        """The gate lease renewals pass ahead of long writes at (`sa_taskqueue.backends.write_gate`).
+
+        None where writers do not queue for one lock: a server's row locks
+        let a renewal through beside any task's transaction.
+        """
         return None
 
     def table_health_probe(self) -> TableHealthProbe | None:

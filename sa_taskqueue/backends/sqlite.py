@@ -10,13 +10,14 @@ from contextlib import contextmanager
 from functools import partial
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, Engine, Insert, Table, event
+from sqlalchemy import URL, ColumnElement, Connection, Engine, Insert, Table, event
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.pool import ConnectionPoolEntry
 
 from sa_taskqueue.backends.base import Backend, TableHealthProbe
 from sa_taskqueue.backends.table_health.sqlite import measure as measure_table_health
+from sa_taskqueue.backends.write_gate import WriteGate
 
 logger = logging.getLogger("sa_taskqueue")
 
@@ -79,6 +80,15 @@ class SQLiteBackend(Backend):
 
     def table_health_probe(self) -> TableHealthProbe:
         return partial(measure_table_health, label=self.label)
+
+    def write_gate(self, url: URL) -> WriteGate | None:
+        # A file's one write lock: a transactional task holds it for its run
+        # (see the gate's module).  An in-memory database lives in one
+        # process, and a URI may name anything: no gate for either.
+        database = url.database
+        if not database or database == ":memory:" or url.query.get("uri") or database.startswith("file:"):
+            return None
+        return WriteGate(database)
 
     def configure_engine(self, engine: Engine) -> None:
         # Python's sqlite3 gives up after 5 s on a lock another process holds;

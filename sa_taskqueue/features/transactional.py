@@ -28,6 +28,7 @@ the task does (another database, an HTTP call, a mail) is at least once.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 from collections.abc import Callable
@@ -38,6 +39,7 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import Session
 
 from sa_taskqueue.backends import backend_for
+from sa_taskqueue.backends.write_gate import Passage
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
@@ -169,8 +171,10 @@ class SyncRun:
         self.conn: Connection | None = None
         #: The run's connection was found dead (SQLAlchemy invalidated it on a disconnect error).
         self.cut = False
+        self.passage: Passage | None = None  # through the database's write gate, where it has one
 
     def call(self, **params: Any) -> Any:
+        self.passage = write_passage(self.queue.engine)
         conn = self.conn = out_of_autocommit(self.queue.engine.connect())
         try:
             conn.begin()
@@ -208,10 +212,15 @@ class SyncRun:
             self.discard()
 
     def discard(self) -> None:
-        """Roll back whatever is still open and give the connection back."""
+        """Roll back whatever is still open, give the connection back, and let the next writer in."""
         conn, self.conn = self.conn, None
-        if conn is not None:
-            _close(conn)
+        try:
+            if conn is not None:
+                _close(conn)
+        finally:
+            passage, self.passage = self.passage, None
+            if passage is not None:
+                passage.leave()
 
 
 class AsyncRun:
@@ -222,12 +231,17 @@ class AsyncRun:
         self.func = func
         self.conn: AsyncConnection | None = None
         self.cut = False
+        self.passage: Passage | None = None
 
     async def call(self, **params: Any) -> Any:
         from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
         # The AsyncEngine proxying the queue's engine: same pool, same loop.
         engine = AsyncEngine._retrieve_proxy_for_target(self.queue.engine)
+        passage = gate_passage(self.queue.engine)
+        if passage is not None:
+            await asyncio.to_thread(passage.enter)  # (it blocks: off the loop the other tasks share)
+            self.passage = passage
         conn = self.conn = await engine.connect()
         try:
             await conn.run_sync(out_of_autocommit)
@@ -267,6 +281,14 @@ class AsyncRun:
             await self.discard()
 
     async def discard(self) -> None:
+        try:
+            await self._close()
+        finally:
+            passage, self.passage = self.passage, None
+            if passage is not None:
+                passage.leave()
+
+    async def _close(self) -> None:
         conn, self.conn = self.conn, None
         if conn is None:
             return
@@ -279,6 +301,25 @@ class AsyncRun:
             await conn.invalidate()
             await conn.close()
             raise
+
+
+def gate_passage(engine: Engine) -> Passage | None:
+    """A writer's passage through ``engine``'s database's write gate, not yet entered; None without a gate."""
+    gate = backend_for(engine.dialect).write_gate(engine.url)
+    return gate.writer() if gate is not None else None
+
+
+def write_passage(engine: Engine) -> Passage | None:
+    """A writer's passage through ``engine``'s database's write gate, entered (it waits); None without one.
+
+    Lease renewals pass ahead of it (`sa_taskqueue.backends.write_gate`):
+    a transactional task on SQLite holds the database's one write lock for
+    its whole run, and other workers' renewals would starve behind it.
+    """
+    passage = gate_passage(engine)
+    if passage is not None:
+        passage.enter()
+    return passage
 
 
 def _close(conn: Connection) -> None:

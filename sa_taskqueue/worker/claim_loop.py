@@ -105,7 +105,9 @@ class ClaimLoop:
     def run(self, pool: SlotThreads[Slot]) -> None:
         """Claim for free slots until stopped (or, with ``burst``, until nothing is due and nothing runs)."""
         state = self.state
-        claim_ahead = self.claims_ahead = backend_for(self.queue.engine.dialect).claims_ahead
+        backend = backend_for(self.queue.engine.dialect)
+        self._gate = backend.write_gate(self.queue.engine.url)
+        claim_ahead = self.claims_ahead = backend.claims_ahead
         # Where the database commits a completion and a claim at once, the
         # write of a batch's successes claims for the slots it frees; the
         # loop claims only for slots that free otherwise, and when idle.
@@ -180,9 +182,8 @@ class ClaimLoop:
                     continue  # (a write claimed since the slots were counted: count them again)
                 self._loop_claiming = True
                 claim = self.next_claim_locked()
-            sent_at = time.monotonic()
             try:
-                claimed = self.claim(free)
+                sent_at, claimed = self.claim_passed(free)
             except DatabaseUnavailable as error:
                 with state.lock:
                     self._loop_claiming = False
@@ -238,6 +239,21 @@ class ClaimLoop:
             slot.claim >= oldest and not slot.writing and (not slot.finished or slot.completing)
             for slot in running
         )
+
+    def claim_passed(self, limit: int) -> tuple[float, list[ClaimedTask]]:
+        """`claim`, through the database's write gate where it has one; when it was sent, and what it claimed.
+
+        In line with the transactional tasks for SQLite's one write lock, a
+        claim is let in as the lock comes free, rather than polling for it
+        while the tasks pass it on among themselves.  Its lease runs from
+        its passage, not from the wait before it.
+        """
+        if self._gate is None:
+            sent_at = time.monotonic()
+            return sent_at, self.claim(limit)
+        with self._gate.writer():
+            sent_at = time.monotonic()
+            return sent_at, self.claim(limit)
 
     def claim(self, limit: int) -> list[ClaimedTask]:
         """Claim up to ``limit`` due tasks of this worker's queues and registered names."""
@@ -315,7 +331,7 @@ class ClaimLoop:
                 return None
         sent_at = time.monotonic()
         try:
-            claimed = self.claim(1)
+            sent_at, claimed = self.claim_passed(1)
         except DatabaseUnavailable as error:
             logger.debug("the slot's own claim failed (%s): the worker's loop claims again", error)
             claimed = []

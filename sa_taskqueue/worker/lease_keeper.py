@@ -5,7 +5,9 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 
+from sa_taskqueue.backends import backend_for
 from sa_taskqueue.core.events import EventKind
 from sa_taskqueue.core.exceptions import DatabaseUnavailable
 from sa_taskqueue.worker.lifecycle import Emitter
@@ -38,6 +40,8 @@ class LeaseKeeper:
         self.watchdog: Watchdog | None = None
         #: A renewal is on its way: the heartbeat cannot arm again until it returns.
         self._renewing = False
+        engine = queue.engine
+        self._gate = backend_for(engine.dialect).write_gate(engine.url)
         self.lease_seconds = self.heartbeat_seconds = self._arm_slack = 0.0
         self.read_lease()
 
@@ -112,7 +116,10 @@ class LeaseKeeper:
     def renew(self, slots: list[Slot], interval: float) -> None:
         sent_at = time.monotonic()
         try:
-            renewed = self.queue.extend_leases([slot.task for slot in slots])
+            # Ahead of the transactional tasks waiting for the database's one
+            # write lock, where it has one (`sa_taskqueue.backends.write_gate`).
+            with self._renewal_passage():
+                renewed = self.queue.extend_leases([slot.task for slot in slots])
         except DatabaseUnavailable as error:
             self.outages.trouble(error, interval, "heartbeat")
             return
@@ -128,6 +135,9 @@ class LeaseKeeper:
             elif not slot.finished and not slot.completing:
                 self.give_up(slot, "its lease was taken over")
         self.emit.worker(EventKind.WORKER_HEARTBEAT)
+
+    def _renewal_passage(self) -> AbstractContextManager[object]:
+        return self._gate.renewal() if self._gate is not None else nullcontext()
 
     def stop_unrenewed_at(self, slot: Slot) -> float:
         """When a task process whose lease is not renewed is stopped: one heartbeat before the watchdog acts.
