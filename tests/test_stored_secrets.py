@@ -16,6 +16,7 @@ so there the query parameter is the secret tested.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -89,6 +90,18 @@ def enqueue(queue: tq.TaskQueue, engine: sa.Engine, name: str, max_attempts: int
         task_id = queue.enqueue(session, name, max_attempts=max_attempts).id
         session.commit()
     return task_id
+
+
+def test_the_worker_logs_the_failure_without_the_secret(
+    secret_queue: tq.TaskQueue, engine: sa.Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    enqueue(secret_queue, engine, "reach")
+    with caplog.at_level(logging.WARNING, logger="sa_taskqueue"):
+        worker = secret_queue.run_worker(burst=True, poll_interval=0.05)
+    assert worker.failed == 1
+    [line] = [record.getMessage() for record in caplog.records if "failed after" in record.getMessage()]
+    assert "could not reach" in line
+    assert_no_secret(line)
 
 
 @pytest.mark.parametrize("isolation", ["thread", "process"])

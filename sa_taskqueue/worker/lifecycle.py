@@ -18,6 +18,7 @@ from sa_taskqueue.core.claimed import ClaimedTask
 from sa_taskqueue.core.error_text import error_message
 from sa_taskqueue.core.events import EventKind, EventStream, TaskEvent, WorkerEvent
 from sa_taskqueue.core.log_fields import task_fields
+from sa_taskqueue.core.redaction import Redactor
 from sa_taskqueue.core.types import utcnow
 from sa_taskqueue.worker.slots import WorkerState, ids
 
@@ -79,17 +80,21 @@ class Emitter:
             _emitting.state = before
 
 
-def subscribe_log(events: EventStream, state: WorkerState) -> Callable[[], None]:
+def subscribe_log(
+    events: EventStream, state: WorkerState, redactor: Redactor | None = None
+) -> Callable[[], None]:
     """Log this worker's task lifecycle lines from its events; returns the unsubscribe function.
 
     Subscribed only for the kinds whose lines the logger writes as the run
     starts, so that a worker whose task lines are off builds no event for
-    them (each line is checked again as it is logged).
+    them (each line is checked again as it is logged).  An error's text is
+    scrubbed by ``redactor`` (the queue's database URL's secrets), as the
+    stored ``last_error`` is.
     """
 
     def log_task_event(event: TaskEvent) -> None:
         if emitted_by(state):
-            log_line(event)
+            log_line(event, redactor)
 
     kinds = [kind for kind in LOGGED_KINDS if logger.isEnabledFor(LOG_LEVELS[kind])]
     if not kinds:
@@ -97,7 +102,7 @@ def subscribe_log(events: EventStream, state: WorkerState) -> Callable[[], None]
     return events.subscribe(log_task_event, kinds)
 
 
-def log_line(event: TaskEvent) -> None:
+def log_line(event: TaskEvent, redactor: Redactor | None = None) -> None:
     """The task lifecycle log line of an event (its fields built only for a line logged)."""
     task = event.task
     if task is None or event.worker_id is None:
@@ -126,6 +131,8 @@ def log_line(event: TaskEvent) -> None:
             duration = event.duration or 0.0
             error = event.error
             text = error_message(error) if isinstance(error, BaseException) else str(error)
+            if redactor is not None:
+                text = redactor.text(text)
             logger.warning(
                 "task %d %s attempt %d failed after %.3fs: %s",
                 *ids(task),

@@ -37,6 +37,7 @@ from sa_taskqueue.core.claimed import ClaimedTask
 from sa_taskqueue.core.events import EventKind
 from sa_taskqueue.core.exceptions import DatabaseUnavailable
 from sa_taskqueue.core.notify import can_listen
+from sa_taskqueue.core.redaction import Redactor
 from sa_taskqueue.core.services import Service
 from sa_taskqueue.features.retention import RetentionService
 from sa_taskqueue.features.schedules import ScheduleService
@@ -290,7 +291,7 @@ class Worker:
         self.queue.paused.check_within(self.poll_interval)
         services = self._services()
         # The log lines first: a hook's own lines follow the task's.
-        unsubscribe = [subscribe_log(self.queue.events, state)]
+        unsubscribe = [subscribe_log(self.queue.events, state, Redactor(self.queue.engine.url))]
         unsubscribe += subscribe_hooks(
             self.queue.events, state, self.on_start, self.on_success, self.on_failure
         )
