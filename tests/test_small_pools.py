@@ -218,7 +218,7 @@ def test_the_smallest_pool_that_holds_the_transactional_tasks_starts_and_one_les
         worker = tq.Worker(transactional_queue(short), concurrency=2, burst=True, watchdog=False)
         refused = run_bounded(worker)
         assert isinstance(refused, tq.TaskQueueError), refused
-        assert type(refused).__name__ == "PoolTooSmall"
+        assert isinstance(refused, tq.PoolTooSmall)
         assert isinstance(refused, ValueError)
         assert "pool_size=4, max_overflow=0" in str(refused)
         assert "holds 5 at once: 2 for its transactional tasks" in str(refused)
@@ -247,7 +247,7 @@ def test_advisory_lock_claims_on_a_pool_of_one_are_refused(pool_of_one: sa.Engin
     queue = make_queue(pool_of_one, "advisory_lock", timedelta(minutes=5))
     try:
         refused = run_bounded(tq.Worker(queue, burst=True, watchdog=False))
-        assert type(refused).__name__ == "PoolTooSmall", refused
+        assert isinstance(refused, tq.PoolTooSmall), refused
         assert "worker of concurrency 1 holds 2 at once: 1 for its advisory-lock claims" in str(refused)
     finally:
         queue.close()

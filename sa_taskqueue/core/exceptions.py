@@ -263,6 +263,14 @@ class FootingReport:
             raise FootingError(f"the self-test failed, so this worker will not start: {causes}", self)
 
 
+class PoolTooSmall(TaskQueueError, ValueError):
+    """The engine's pool cannot lend a worker the connections it holds at once; it refuses to start.
+
+    Started anyway, its lease renewals would wait behind its tasks for a
+    connection, and its watchdog would kill it once a lease ran out.
+    """
+
+
 __all__ = [
     "Check",
     "DatabaseBusy",
@@ -271,6 +279,7 @@ __all__ = [
     "FootingError",
     "FootingReport",
     "MalformedTask",
+    "PoolTooSmall",
     "ResultTimeout",
     "SchemaMissing",
     "StrategyError",

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.pool import Pool, QueuePool, SingletonThreadPool, StaticPool
 
-from sa_taskqueue.core.exceptions import TaskQueueError
+from sa_taskqueue.core.exceptions import PoolTooSmall
 from sa_taskqueue.core.notify import can_listen
 from sa_taskqueue.strategies.advisory import AdvisoryLockStrategy
 from sa_taskqueue.strategies.kept_connection import how_many_to_keep
@@ -52,14 +52,6 @@ logger = logging.getLogger("sa_taskqueue")
 
 #: The most connections a pool would need to hold: a bound on the search for the smallest that fits.
 _LARGEST_POOL = 100_000
-
-
-class PoolTooSmall(TaskQueueError, ValueError):
-    """The engine's pool cannot lend a worker the connections it holds at once; it refuses to start.
-
-    Started anyway, its lease renewals would wait behind its tasks for a
-    connection, and its watchdog would kill it once a lease ran out.
-    """
 
 
 @dataclass(frozen=True)
