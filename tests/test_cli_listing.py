@@ -25,7 +25,11 @@ from sa_taskqueue.cli.main import cli
 from sa_taskqueue.cli.render import CUT_KEY, LISTED_VALUE_LENGTH
 from tests.backends import Backend
 from tests.helpers import run_cli, task_rows
-from tests.test_stored_secrets import SECRET, secret_url
+from tests.test_stored_secrets import (
+    SECRET,
+    pytest_generate_tests,  # noqa: F401 - the ``where`` parameter, per backend, as there
+    secret_url,
+)
 
 Run = Callable[..., Result]
 
@@ -55,7 +59,6 @@ def add_task(engine: sa.Engine, **values: object) -> int:
 # Secrets ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("where", ["userinfo", "query"])
 def test_show_and_list_print_an_old_row_without_the_secrets_of_the_url_given(
     backend: Backend, engine: sa.Engine, run: Run, where: str
 ) -> None:
