@@ -172,6 +172,12 @@ def test_a_worker_on_a_small_pool_proves_its_footing_and_drains_its_tasks(
 # Refused at start -------------------------------------------------------------------------------
 
 
+#: Where each running transactional task holds a connection: on a SQLite file they take turns at the
+#: write gate, one at a time (see the SQLite test below).
+SERVERS = pytest.mark.backends("postgres", "postgres18", "mysql", "mariadb")
+
+
+@SERVERS
 @pytest.mark.slow  # the command line
 def test_a_worker_whose_pool_cannot_hold_its_transactional_tasks_is_refused_naming_the_fix(
     backend: Backend, engine: sa.Engine
@@ -206,6 +212,7 @@ def test_a_worker_whose_pool_cannot_hold_its_transactional_tasks_is_refused_nami
     assert executions(engine) == {}
 
 
+@SERVERS
 def test_the_smallest_pool_that_holds_the_transactional_tasks_starts_and_one_less_is_refused(
     backend: Backend, engine: sa.Engine
 ) -> None:
@@ -232,6 +239,33 @@ def test_the_smallest_pool_that_holds_the_transactional_tasks_starts_and_one_les
     enough = small_engine(backend.url, 5)
     try:
         worker = tq.Worker(transactional_queue(enough), concurrency=2, burst=True, watchdog=False)
+        assert run_bounded(worker) is None
+        assert worker.processed == tasks
+    finally:
+        enough.dispose()
+    assert statuses(engine) == {"completed": tasks}
+    assert executions(engine) == dict.fromkeys(range(tasks), 1)
+
+
+@pytest.mark.backends("sqlite")
+def test_on_a_sqlite_file_transactional_tasks_hold_one_connection_at_a_time(
+    backend: Backend, engine: sa.Engine
+) -> None:
+    # They take turns at the write gate before they take a connection: eight
+    # slots need 1, plus 2 kept and 1 for renewals: 4.  A pool of 2 keeps 1: 3.
+    tasks = 12
+    enqueue_effects(transactional_queue(engine), engine, tasks)
+    short = small_engine(backend.url, 2)
+    try:
+        worker = tq.Worker(transactional_queue(short), concurrency=8, burst=True, watchdog=False)
+        refused = run_bounded(worker)
+        assert isinstance(refused, tq.PoolTooSmall), refused
+        assert "holds 3 at once: 1 for its transactional tasks" in str(refused)
+    finally:
+        short.dispose()
+    enough = small_engine(backend.url, 4)
+    try:
+        worker = tq.Worker(transactional_queue(enough), concurrency=8, burst=True, watchdog=False)
         assert run_bounded(worker) is None
         assert worker.processed == tasks
     finally:

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import fcntl
+import multiprocessing
 import os
 import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -101,6 +104,29 @@ def test_a_writer_killed_inside_leaves_the_gate_open(tmp_path: Path) -> None:
         child.kill()
         child.wait()
     assert not locked(gate.gate_path)
+
+
+def run_then_sleep(running: Any) -> None:
+    running.set()
+    time.sleep(60)
+
+
+def test_a_process_forked_while_a_write_is_inside_does_not_keep_the_gate_shut(tmp_path: Path) -> None:
+    # A task process is forked from a worker whose other threads may be at the gate just then.
+    gate = WriteGate(tmp_path / "queue.db")
+    passage = gate.writer()
+    passage.enter()
+    context = multiprocessing.get_context("fork")
+    running = context.Event()
+    child = context.Process(target=run_then_sleep, args=(running,))
+    child.start()
+    try:
+        assert running.wait(30), "the child never ran"
+        passage.leave()
+        assert not locked(gate.gate_path), "the forked child's copy of the file kept the gate shut"
+    finally:
+        child.kill()
+        child.join(10)
 
 
 def test_only_a_database_file_has_a_gate(tmp_path: Path) -> None:

@@ -23,8 +23,10 @@ shared by several machines, still meet only SQLite's lock.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
+import threading
 from pathlib import Path
 
 #: What the gate's files are called: the database's path, then these.
@@ -73,6 +75,13 @@ class Passage:
         except OSError:
             self.leave()
             return
+        try:
+            self._wait(gate, renewing)
+        except BaseException:
+            self.leave()
+            raise
+
+    def _wait(self, gate: int, renewing: int) -> None:
         if self._renewal:
             fcntl.flock(renewing, fcntl.LOCK_SH)  # announced: writers arriving from now on step back
             fcntl.flock(gate, fcntl.LOCK_EX)
@@ -93,6 +102,8 @@ class Passage:
     def leave(self) -> None:
         """Let the next write through (closing the files lets go of their locks)."""
         fds, self._fds = self._fds, []
+        with _OPEN_LOCK:
+            _OPEN.difference_update(fds)
         for fd in fds:
             os.close(fd)
 
@@ -104,9 +115,32 @@ class Passage:
         self.leave()
 
     def _open(self, path: str) -> int:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        with _OPEN_LOCK:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            _OPEN.add(fd)
         self._fds.append(fd)
         return fd
+
+
+# A lock belongs to the open file, which a forked child shares: a task
+# process forked while another thread is inside would hold the gate shut for
+# as long as it runs.  So a child closes its copies at once (the parent's
+# keep the locks), and a passage opens its files under this lock, so that no
+# fork comes between an open and its being counted here.
+_OPEN: set[int] = set()
+_OPEN_LOCK = threading.Lock()
+
+
+def _close_inherited() -> None:
+    global _OPEN_LOCK
+    _OPEN_LOCK = threading.Lock()  # (held, maybe, by a thread that does not exist in the child)
+    for fd in _OPEN:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _OPEN.clear()
+
+
+os.register_at_fork(after_in_child=_close_inherited)
 
 
 __all__ = ["GATE_SUFFIX", "RENEWING_SUFFIX", "Passage", "WriteGate"]

@@ -28,7 +28,6 @@ the task does (another database, an HTTP call, a mail) is at least once.
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import logging
 from collections.abc import Callable
@@ -173,10 +172,27 @@ class SyncRun:
         self.cut = False
         self.passage: Passage | None = None  # through the database's write gate, where it has one
 
-    def call(self, **params: Any) -> Any:
+    def pass_gate(self) -> None:
+        """Wait at the database's write gate, where it has one (before the run, which is timed).
+
+        A lease renewal goes ahead of a task waiting there
+        (`sa_taskqueue.backends.write_gate`): on SQLite a transactional task
+        holds the database's one write lock for its whole run, and other
+        workers' renewals would starve behind it.  `discard` lets the next
+        writer in.
+        """
         self.passage = write_passage(self.queue.engine)
-        conn = self.conn = out_of_autocommit(self.queue.engine.connect())
+
+    def leave_gate(self) -> None:
+        passage, self.passage = self.passage, None
+        if passage is not None:
+            passage.leave()
+
+    def call(self, **params: Any) -> Any:
+        conn: Connection | None = None
         try:
+            conn = self.conn = self.queue.engine.connect()
+            out_of_autocommit(conn)
             conn.begin()
             write_begin = backend_for(conn.dialect).write_begin
             if write_begin is not None:
@@ -187,7 +203,7 @@ class SyncRun:
                 session.commit()  # flushes, and releases the savepoint: the transaction stays open
             return result
         except BaseException:
-            self.cut = conn.invalidated
+            self.cut = conn is not None and conn.invalidated
             self.discard()
             raise
 
@@ -199,6 +215,7 @@ class SyncRun:
         """
         conn = self.conn
         if conn is None:
+            self.discard()  # (the run failed before it had a connection: the gate is still to leave)
             return False
         try:
             if not commit or not self.queue.complete_in(conn, task, result):
@@ -218,9 +235,7 @@ class SyncRun:
             if conn is not None:
                 _close(conn)
         finally:
-            passage, self.passage = self.passage, None
-            if passage is not None:
-                passage.leave()
+            self.leave_gate()
 
 
 class AsyncRun:
@@ -233,17 +248,23 @@ class AsyncRun:
         self.cut = False
         self.passage: Passage | None = None
 
+    def pass_gate(self) -> None:
+        """As `SyncRun.pass_gate` (called on the slot's thread, not the loop: it blocks)."""
+        self.passage = write_passage(self.queue.engine)
+
+    def leave_gate(self) -> None:
+        passage, self.passage = self.passage, None
+        if passage is not None:
+            passage.leave()
+
     async def call(self, **params: Any) -> Any:
         from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
         # The AsyncEngine proxying the queue's engine: same pool, same loop.
         engine = AsyncEngine._retrieve_proxy_for_target(self.queue.engine)
-        passage = gate_passage(self.queue.engine)
-        if passage is not None:
-            await asyncio.to_thread(passage.enter)  # (it blocks: off the loop the other tasks share)
-            self.passage = passage
-        conn = self.conn = await engine.connect()
+        conn: AsyncConnection | None = None
         try:
+            conn = self.conn = await engine.connect()
             await conn.run_sync(out_of_autocommit)
             await conn.begin()
             write_begin = backend_for(conn.dialect).write_begin
@@ -257,7 +278,7 @@ class AsyncRun:
                 await session.commit()
             return result
         except BaseException:
-            self.cut = conn.invalidated
+            self.cut = conn is not None and conn.invalidated
             await self.discard()
             raise
 
@@ -265,6 +286,7 @@ class AsyncRun:
         """As `SyncRun.settle`, on the engine's loop."""
         conn = self.conn
         if conn is None:
+            await self.discard()
             return False
         try:
             if not commit:
@@ -284,9 +306,7 @@ class AsyncRun:
         try:
             await self._close()
         finally:
-            passage, self.passage = self.passage, None
-            if passage is not None:
-                passage.leave()
+            self.leave_gate()
 
     async def _close(self) -> None:
         conn, self.conn = self.conn, None
@@ -303,22 +323,13 @@ class AsyncRun:
             raise
 
 
-def gate_passage(engine: Engine) -> Passage | None:
-    """A writer's passage through ``engine``'s database's write gate, not yet entered; None without a gate."""
-    gate = backend_for(engine.dialect).write_gate(engine.url)
-    return gate.writer() if gate is not None else None
-
-
 def write_passage(engine: Engine) -> Passage | None:
-    """A writer's passage through ``engine``'s database's write gate, entered (it waits); None without one.
-
-    Lease renewals pass ahead of it (`sa_taskqueue.backends.write_gate`):
-    a transactional task on SQLite holds the database's one write lock for
-    its whole run, and other workers' renewals would starve behind it.
-    """
-    passage = gate_passage(engine)
-    if passage is not None:
-        passage.enter()
+    """A writer's passage through ``engine``'s database's write gate, entered (it waits); None without one."""
+    gate = backend_for(engine.dialect).write_gate(engine.url)
+    if gate is None:
+        return None
+    passage = gate.writer()
+    passage.enter()
     return passage
 
 

@@ -42,7 +42,8 @@ from dataclasses import dataclass
 from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.pool import Pool, QueuePool, SingletonThreadPool, StaticPool
 
-from sa_taskqueue.core.exceptions import PoolTooSmall
+from sa_taskqueue.backends import backend_for
+from sa_taskqueue.core.exceptions import DatabaseUnavailable, PoolTooSmall
 from sa_taskqueue.core.notify import can_listen
 from sa_taskqueue.strategies.advisory import AdvisoryLockStrategy
 from sa_taskqueue.strategies.kept_connection import how_many_to_keep
@@ -123,8 +124,11 @@ def connection_needs(
     )
     # (The strategy keeps none of a pool whose one connection everybody shares.)
     kept = 0 if isinstance(pool, SingletonThreadPool | StaticPool) else how_many_to_keep(pool)
+    # Behind a write gate (SQLite) one transactional task at a time holds a connection: the others
+    # wait at the gate, before they take one.
+    gated = backend_for(engine.dialect).write_gate(engine.url) is not None
     return ConnectionNeeds(
-        transactional=concurrency if transactional else 0,
+        transactional=(1 if gated else concurrency) if transactional else 0,
         claims=concurrency if isinstance(queue.strategy, AdvisoryLockStrategy) else 0,
         # An async engine's listener connects through an engine of its own
         # (`sa_taskqueue.core.notify.listening_engine`), outside this pool.
@@ -142,7 +146,13 @@ def check_pool(queue: WorkerQueue, concurrency: int, *, listen: bool) -> bool:
     capacity = pool_capacity(queue.engine.pool)
     if capacity is None:
         return listen
-    needs = connection_needs(queue, concurrency, listen=listen)
+    try:
+        needs = connection_needs(queue, concurrency, listen=listen)
+    except DatabaseUnavailable as error:
+        # The strategy is chosen from the server, which is away: the worker
+        # rides the outage out, as it would without this check.
+        logger.warning("could not check the engine's pool against this worker (%s): starting anyway", error)
+        return listen
     if needs.total <= capacity:
         return listen
     polling = connection_needs(queue, concurrency, listen=False)

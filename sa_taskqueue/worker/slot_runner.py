@@ -8,6 +8,7 @@ time is given back (`drain`): queued again, its attempt not counted.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -200,7 +201,7 @@ class SlotRunner:
         if given_back or isinstance(outcome.error, GivenBack) or outcome.committed is False:
             return
         if outcome.connection_cut and not self._cut_too_often(slot):
-            self._give_back_cut(slot, outcome.error)
+            self._give_back_cut(slot, outcome)
             return
         if outcome.ok and not outcome.committed and outcome.result is not None:
             try:
@@ -241,6 +242,8 @@ class SlotRunner:
         if registered.is_async:
             loop = self.queue.event_loop()  # where the queue's AsyncEngine's connections live
             async_run = run = AsyncRun(self.queue, registered.func)
+            if not self._passed_gate(slot, run):
+                return Outcome(error=GivenBack())
             outcome = run_on_loop(async_run.call, task.params, timeout, loop, partial(self._started, slot))
 
             def settle(result: Any, commit: bool) -> bool:
@@ -249,6 +252,8 @@ class SlotRunner:
 
         else:
             sync_run = run = SyncRun(self.queue, registered.func)
+            if not self._passed_gate(slot, run):
+                return Outcome(error=GivenBack())
             outcome = run_in_thread(sync_run.call, task.params, timeout)
 
             def settle(result: Any, commit: bool) -> bool:
@@ -263,7 +268,8 @@ class SlotRunner:
             committed = settle(outcome.result, may_commit)
         except Exception as error:  # noqa: BLE001 - recorded as the task's failure, its writes rolled back
             slot.completing = False  # still RUNNING and this worker's, until the fail path writes
-            return Outcome(error=error, connection_cut=run.cut)
+            # (The result is kept for a cut after the commit reached the server: see `_give_back_cut`.)
+            return Outcome(result=outcome.result, error=error, connection_cut=run.cut)
         finally:
             self.state.wake.set()
         # ``completing`` stays set until the slot is freed: the row has left
@@ -277,6 +283,18 @@ class SlotRunner:
             log_lease_lost(task)
             self.emit.task(EventKind.LEASE_LOST, task)
         return replace(outcome, committed=committed)
+
+    def _passed_gate(self, slot: Slot, run: SyncRun | AsyncRun) -> bool:
+        """Wait at the database's write gate, where it has one, on this thread and before the timed run.
+
+        False if the task was given back meanwhile (a shutdown): it does not start.
+        """
+        run.pass_gate()
+        with slot.lock:
+            if not slot.given_back:
+                return True
+        run.leave_gate()
+        return False
 
     def _cut_too_often(self, slot: Slot) -> bool:
         """Whether the task's connection has been cut under it more often than a server's trouble explains.
@@ -293,26 +311,47 @@ class SlotRunner:
             self._cuts[slot.task.id] = cuts
         return cuts > FREE_GIVE_BACKS_AFTER_A_CUT
 
-    def _give_back_cut(self, slot: Slot, error: BaseException | None) -> None:
+    def _give_back_cut(self, slot: Slot, outcome: Outcome) -> None:
         """Queue again, its attempt not counted, a transactional task whose connection was cut as it ran.
 
         Its writes ended with the connection, so nothing of the run
         happened: it is given back, written through an outage like any
-        outcome, rather than failed and made to wait for a retry.
+        outcome, rather than failed and made to wait for a retry.  Unless the
+        cut came after its commit reached the server, only the answer lost:
+        then the fenced give-back finds it completed, and its success stands.
         """
         task = slot.task
-        logger.warning(
-            "task %d %s attempt %d: its connection was cut (%s); its writes were rolled back and it is "
-            "queued again, the attempt not counted",
-            *ids(task),
-            task.attempts,
-            error_message(error) if error is not None else "connection lost",
-        )
+        why = error_message(outcome.error) if outcome.error is not None else "connection lost"
         slot.duration = time.monotonic() - slot.started
-        if self.writer.give_back(task):
+        given_back = self.writer.give_back(task)
+        with contextlib.suppress(Exception):
+            self.queue.let_go(task)  # (what else the strategy holds for it, once the row is written)
+        if given_back:
+            logger.warning(
+                "task %d %s attempt %d: its connection was cut (%s); its writes were rolled back and it is "
+                "queued again, the attempt not counted",
+                *ids(task),
+                task.attempts,
+                why,
+            )
             with self.state.lock:
                 self.state.given_back += 1
             self.emit.task(EventKind.GIVEN_BACK, task, duration=slot.duration)
+            return
+        try:
+            completed = self.queue.outcome_written(task, completed=True)
+        except Exception:  # noqa: BLE001 - the database is away again: its lease decides
+            completed = False
+        if completed:
+            logger.info("task %d %s: its connection was cut after its commit: it completed", *ids(task))
+            with self.state.lock:
+                self.state.processed += 1
+            self.writer.no_success(slot)
+            self.writer.announce(slot, EventKind.SUCCEEDED, outcome.result)
+        else:
+            logger.warning(
+                "task %d %s: its connection was cut (%s), and it was taken over meanwhile", *ids(task), why
+            )
 
     def _started(self, slot: Slot, future: Future[Outcome]) -> bool:
         """Keep an async run's future, for giving it back; False if it was given back already."""
