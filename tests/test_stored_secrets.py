@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session
 
 import sa_taskqueue as tq
 from sa_taskqueue.core.error_text import MAX_ERROR_LENGTH, bounded_text
-from sa_taskqueue.core.redaction import redact_text
+from sa_taskqueue.core.redaction import Redactor, redact_text
 from tests.app import make_engine
 from tests.backends import Backend
 from tests.helpers import task_row
@@ -178,3 +178,10 @@ def test_scrubbing_the_longest_error_stored_takes_milliseconds(text: str) -> Non
     started = time.perf_counter()
     redact_text(text, {SECRET})
     assert time.perf_counter() - started < 1.0
+
+
+@pytest.mark.backends("sqlite")  # about the scrubbing of a value, not a database
+def test_keys_that_scrub_alike_keep_each_its_value() -> None:
+    redactor = Redactor(f"postgresql://app:{SECRET}@db/app?token=Other-Secret-7")
+    shown = redactor.value({SECRET: 1, "Other-Secret-7": 2, "kept": [SECRET]})
+    assert shown == {"***": 1, "*** (2)": 2, "kept": ["***"]}

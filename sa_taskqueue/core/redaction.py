@@ -219,7 +219,16 @@ class Redactor:
         if isinstance(value, str):
             return self.text(value)
         if isinstance(value, dict):
-            return {self.value(key): self.value(item) for key, item in value.items()}
+            scrubbed: dict[Any, Any] = {}
+            for key, item in value.items():
+                shown = self.value(key)
+                # Two keys may scrub alike ("***"): each keeps its value, under a key of its own.
+                unique, seen = shown, 1
+                while unique in scrubbed:
+                    seen += 1
+                    unique = f"{shown} ({seen})"
+                scrubbed[unique] = self.value(item)
+            return scrubbed
         if isinstance(value, list | tuple):
             return [self.value(item) for item in value]
         return value
