@@ -172,6 +172,19 @@ def test_a_worker_on_a_small_pool_proves_its_footing_and_drains_its_tasks(
 # Refused at start -------------------------------------------------------------------------------
 
 
+def assert_drains(backend: Backend, engine: sa.Engine, *, pool: int, concurrency: int, tasks: int) -> None:
+    """A worker of ``concurrency`` on a pool of ``pool`` starts and runs the ``tasks`` queued, each once."""
+    enough = small_engine(backend.url, pool)
+    try:
+        worker = tq.Worker(transactional_queue(enough), concurrency=concurrency, burst=True, watchdog=False)
+        assert run_bounded(worker) is None
+        assert worker.processed == tasks
+    finally:
+        enough.dispose()
+    assert statuses(engine) == {"completed": tasks}
+    assert executions(engine) == dict.fromkeys(range(tasks), 1)
+
+
 #: Where each running transactional task holds a connection: on a SQLite file they take turns at the
 #: write gate, one at a time (see the SQLite test below).
 SERVERS = pytest.mark.backends("postgres", "postgres18", "mysql", "mariadb")
@@ -236,15 +249,7 @@ def test_the_smallest_pool_that_holds_the_transactional_tasks_starts_and_one_les
         assert statuses(engine) == {"queued": tasks}, "nothing was claimed"
     finally:
         short.dispose()
-    enough = small_engine(backend.url, 5)
-    try:
-        worker = tq.Worker(transactional_queue(enough), concurrency=2, burst=True, watchdog=False)
-        assert run_bounded(worker) is None
-        assert worker.processed == tasks
-    finally:
-        enough.dispose()
-    assert statuses(engine) == {"completed": tasks}
-    assert executions(engine) == dict.fromkeys(range(tasks), 1)
+    assert_drains(backend, engine, pool=5, concurrency=2, tasks=tasks)
 
 
 @pytest.mark.backends("sqlite")
@@ -263,15 +268,7 @@ def test_on_a_sqlite_file_transactional_tasks_hold_one_connection_at_a_time(
         assert "holds 3 at once: 1 for its transactional tasks" in str(refused)
     finally:
         short.dispose()
-    enough = small_engine(backend.url, 4)
-    try:
-        worker = tq.Worker(transactional_queue(enough), concurrency=8, burst=True, watchdog=False)
-        assert run_bounded(worker) is None
-        assert worker.processed == tasks
-    finally:
-        enough.dispose()
-    assert statuses(engine) == {"completed": tasks}
-    assert executions(engine) == dict.fromkeys(range(tasks), 1)
+    assert_drains(backend, engine, pool=4, concurrency=8, tasks=tasks)
 
 
 @pytest.mark.requires("advisory_locks")

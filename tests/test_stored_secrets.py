@@ -32,20 +32,13 @@ from sa_taskqueue.core.redaction import Redactor, redact_text
 from tests.app import make_engine
 from tests.backends import Backend
 from tests.helpers import task_row
+from tests.test_cli_redaction import IGNORED_SECRET
 
 # The secret SQLite's URL carries in its query is one pysqlite ignores, and says so.
 pytestmark = pytest.mark.filterwarnings("ignore:Query string argument.*not accepted by the pysqlite driver")
 
 SECRET = "s3cr@t/Stored-Pw9"
 
-#: A secret-named query parameter each driver accepts and, here, does not use.
-IGNORED_SECRET = {
-    "sqlite": "token",
-    "postgres": "sslpassword",
-    "postgres18": "sslpassword",
-    "mysql": "ssl_key_password",
-    "mariadb": "ssl_key_password",
-}
 
 
 #: Backends whose suite login takes a password it ignores: SQLite has no login, and the suite's
