@@ -5,7 +5,10 @@
 
 Every throughput figure is the median of ``--repeats`` runs with min and max
 beside it; every ratio compares figures measured in this run on this server.
-Latency percentiles are taken over all samples of one run.
+Latency percentiles are taken over all samples of one run.  The drain,
+peers and controls sections print each drain's cost a task beside its rate:
+the workers' CPU, the server's CPU and the statements it ran, counted
+rather than timed (`benchmarks.costs`), medians of the repeats.
 """
 
 from __future__ import annotations
@@ -66,6 +69,69 @@ def fmt(figure: dict[str, float]) -> str:
 def yes_no(once: bool) -> str:
     """The "exactly once" cell: a failure is shouted, so it is not read past."""
     return "yes" if once else "NO"
+
+
+#: The mark on a server CPU figure that other databases' statements on the same server shared.
+SHARED = "*"
+SHARED_NOTE = (
+    f"{SHARED} other databases on the server ran statements during the run: "
+    "the server CPU includes their work"
+)
+
+
+def _median(values: list[float | None]) -> float | None:
+    """The median, or None if any run lacked the figure."""
+    present = [value for value in values if value is not None]
+    return statistics.median(present) if present and len(present) == len(values) else None
+
+
+def cost_figures(results: list[DrainResult]) -> dict[str, Any]:
+    """An implementation's cost a task over its runs: medians of client and server CPU µs and statements.
+
+    ``elsewhere`` sums the statements other databases ran on the server
+    during the runs (PostgreSQL), whose work the server CPU includes.
+    """
+    elsewhere = [result.elsewhere for result in results]
+    return {
+        "client_us": _median([result.client_us for result in results]),
+        "server_us": _median([result.server_us for result in results]),
+        "statements": _median([result.statements_per_task for result in results]),
+        "elsewhere": None if None in elsewhere else sum(e or 0 for e in elsewhere),
+    }
+
+
+def cost_notes(results: Iterable[list[DrainResult]]) -> list[str]:
+    """Why cost figures are missing from these runs, each said once."""
+    return sorted({note for runs in results for result in runs for note in result.cost_notes})
+
+
+def cost_cell(cost: dict[str, Any]) -> str:
+    """``client + server µs, statements`` a task: ``412 + 130 µs, 2.00``; ``n/a`` what was not measured.
+
+    Where the client is the server (SQLite) the cell is ``412 µs, n/a``.
+    """
+    client = "n/a" if cost["client_us"] is None else f"{cost['client_us']:,.0f}"
+    statements = "n/a" if cost["statements"] is None else f"{cost['statements']:.2f}"
+    if cost.get("in_client"):
+        return f"{client} µs, {statements}"
+    server = "n/a" if cost["server_us"] is None else f"{cost['server_us']:,.0f}"
+    if cost["server_us"] is not None and cost["elsewhere"]:
+        server += SHARED
+    return f"{client} + {server} µs, {statements}"
+
+
+def cost_table(title: str, columns: Iterable[str]) -> Table:
+    return new_table(f"{title}: client CPU + server CPU, µs a task, and statements a task", columns)
+
+
+def print_cost_table(run: Run, table: Table, rows: list[dict[str, Any]]) -> None:
+    """The cost table, then once each why a figure is missing or shared."""
+    run.console.print(table)
+    notes = sorted({note for row in rows for note in row["cost_notes"]})
+    if any(cost["elsewhere"] for row in rows for cost in row["cost"].values()):
+        notes.append(SHARED_NOTE)
+    for note in notes:
+        run.console.print(f"  {note}", markup=False, highlight=False)
 
 
 def machine() -> dict[str, Any]:
@@ -174,6 +240,15 @@ def repeated_drains(
 PER_TASK = ("sa_taskqueue", "raw")
 BATCH_ONLY = (QUEUE_BATCH, RAW_BATCH)
 WORKER = "worker"
+#: The drain's cost table's columns, by implementation.
+DRAIN_COLUMNS = {
+    "sa_taskqueue": "sa_taskqueue, complete()",
+    "raw": "raw, per task",
+    QUEUE_BATCH: "sa_taskqueue, complete_many()",
+    RAW_BATCH: "raw, per batch",
+    WORKER: "worker",
+}
+DRAIN_COSTS = tuple(DRAIN_COLUMNS)
 
 
 def _drain_one(implementation: str, url: str, tasks: int, workers: int, batch: int) -> DrainResult:
@@ -200,8 +275,10 @@ def drain_row(run: Run, target: BenchBackend, w: int, b: int) -> dict[str, Any]:
     )
     # The worker's claims and completion statements for each B tasks: 1 and 1 when no batch splits.
     per_batch = b / run.args.tasks
+    cost = {name: cost_figures(runs) for name, runs in results.items()}
     if b == 1:
         rates[QUEUE_BATCH], rates[RAW_BATCH] = rates["sa_taskqueue"], rates["raw"]
+        cost[QUEUE_BATCH], cost[RAW_BATCH] = cost["sa_taskqueue"], cost["raw"]
     median = {name: statistics.median(values) for name, values in rates.items()}
     return {
         "backend": target.name,
@@ -215,6 +292,8 @@ def drain_row(run: Run, target: BenchBackend, w: int, b: int) -> dict[str, Any]:
         "worker_completions_per_batch": statistics.median(r.completions or 0 for r in results[WORKER])
         * per_batch,
         "exactly_once": once,
+        "cost": cost,
+        "cost_notes": cost_notes(results.values()),
     }
 
 
@@ -239,12 +318,23 @@ def drain_section(run: Run) -> dict[str, Any]:
             "exactly once",
         ),
     )
+    costs = cost_table(
+        f"drain cost, {args.tasks} no-op tasks, median of {args.repeats}",
+        ("backend", "W", "B", *(DRAIN_COLUMNS[name] for name in DRAIN_COSTS)),
+    )
     rows = []
     for target in run.backends:
+        in_client = target.dialect == "sqlite"
         for w in run.workers:
             for b in run.batches:
                 row = drain_row(run, target, w, b)
                 rows.append(row)
+                costs.add_row(
+                    target.name,
+                    str(w),
+                    str(b),
+                    *(cost_cell({**row["cost"][name], "in_client": in_client}) for name in DRAIN_COSTS),
+                )
                 table.add_row(
                     target.name,
                     str(w),
@@ -261,6 +351,7 @@ def drain_section(run: Run) -> dict[str, Any]:
                     yes_no(row["exactly_once"]),
                 )
     run.console.print(table)
+    print_cost_table(run, costs, rows)
     return {"drain": rows}
 
 
@@ -334,8 +425,12 @@ def peers_row(run: Run, url: str, w: int, b: int) -> dict[str, Any]:
     The async queue is also set against the same loop on bare asyncpg, as the
     drain table sets the sync one against psycopg: what the library costs there.
     """
+    results: dict[str, list[DrainResult]] = {}
     rates, once = repeated_drains(
-        lambda name: worker_drain(name, url, run.args.peer_tasks, w, b), IMPLEMENTATIONS, run.args.repeats
+        lambda name: worker_drain(name, url, run.args.peer_tasks, w, b),
+        IMPLEMENTATIONS,
+        run.args.repeats,
+        results,
     )
     figures = {name: spread(values) for name, values in rates.items()}
     best_peer = max(figures[name]["median"] for name in PEERS)
@@ -348,6 +443,8 @@ def peers_row(run: Run, url: str, w: int, b: int) -> dict[str, Any]:
         "vs_best_peer": lead,
         "async_vs_raw_asyncpg": async_cost,
         "exactly_once": once,
+        "cost": {name: cost_figures(runs) for name, runs in results.items()},
+        "cost_notes": cost_notes(results.values()),
     }
 
 
@@ -375,11 +472,16 @@ def peers_section(run: Run) -> dict[str, Any]:
             "exactly once",
         ),
     )
+    costs = cost_table(
+        f"worker drain cost on PostgreSQL, {args.peer_tasks} no-op tasks, median of {args.repeats}",
+        ("W", "B", *IMPLEMENTATIONS),
+    )
     rows = []
     for w in run.workers:
         for b in run.batches:
             row = peers_row(run, postgres[0].url, w, b)
             rows.append(row)
+            costs.add_row(str(w), str(b), *(cost_cell(row["cost"][name]) for name in IMPLEMENTATIONS))
             table.add_row(
                 str(w),
                 str(b),
@@ -389,6 +491,7 @@ def peers_section(run: Run) -> dict[str, Any]:
                 yes_no(row["exactly_once"]),
             )
     run.console.print(table)
+    print_cost_table(run, costs, rows)
     return {"peers": rows}
 
 
@@ -412,12 +515,23 @@ def controls_section(run: Run) -> dict[str, Any]:
             "exactly once",
         ),
     )
+    costs = cost_table(
+        f"drain cost with the scheduling controls in use, {args.tasks} no-op tasks, median of {args.repeats}",
+        ("backend", "W", "B", *DRAINS),
+    )
     rows = []
     for target in run.backends:
+        in_client = target.dialect == "sqlite"
         for w in run.workers:
             for b in run.batches:
                 row = controls_row(run, target, w, b)
                 rows.append(row)
+                costs.add_row(
+                    target.name,
+                    str(w),
+                    str(b),
+                    *(cost_cell({**row["cost"][kind], "in_client": in_client}) for kind in DRAINS),
+                )
                 table.add_row(
                     target.name,
                     str(w),
@@ -430,19 +544,23 @@ def controls_section(run: Run) -> dict[str, Any]:
                     yes_no(row["exactly_once"]),
                 )
     run.console.print(table)
+    print_cost_table(run, costs, rows)
     return {"controls": rows}
 
 
 def controls_row(run: Run, target: BenchBackend, w: int, b: int) -> dict[str, Any]:
     """One backend/W/B cell of the controls table: each drain's rate, and its ratio to the plain one."""
+    results: dict[str, list[DrainResult]] = {}
     rates, once = repeated_drains(
-        lambda kind: controls_drain(target.url, run.args.tasks, w, b, kind), DRAINS, run.args.repeats
+        lambda kind: controls_drain(target.url, run.args.tasks, w, b, kind), DRAINS, run.args.repeats, results
     )
     plain = statistics.median(rates["plain"])
     row: dict[str, Any] = {"backend": target.name, "workers": w, "batch": b, "exactly_once": once}
     for kind in DRAINS:
         row[kind] = spread(rates[kind])
         row[f"{kind}_ratio"] = statistics.median(rates[kind]) / plain
+    row["cost"] = {kind: cost_figures(runs) for kind, runs in results.items()}
+    row["cost_notes"] = cost_notes(results.values())
     return row
 
 

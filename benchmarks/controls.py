@@ -110,4 +110,4 @@ def controls_drain(url: str, tasks: int, workers: int, batch: int, drain: str) -
         seconds=max(run.finished - run.started, 1e-9),
         tasks=len(run.done),
         exactly_once=len(run.done) == tasks and len(set(run.done)) == tasks,
-    )
+    ).with_costs(run.client_cpu, run.usage)

@@ -51,7 +51,7 @@ def outcome_drain(url: str, tasks: int, workers: int, batch: int, outcome: str) 
     fail = outcome == "fail"
     fresh_table(url)
     seed(url, tasks, numbered=True, max_attempts=1)
-    started, ends = start_together(_worker, (url, batch, fail), workers)
+    started, ends, _client_cpu, _usage = start_together(_worker, (url, batch, fail), workers)
     seconds = max(max(ended for ended, _, _ in ends) - started, 1e-9)
     engine = sa.create_engine(url)
     table = tq.Task.__table__

@@ -318,12 +318,13 @@ def worker_drain(implementation: str, url: str, tasks: int, workers: int, batch:
 
 def _race(implementation: str, dsn: str, tasks: int, workers: int, batch: int) -> DrainResult:
     SEED[implementation](dsn, tasks)
-    started, outcomes = start_together(WORKER[implementation], (dsn, batch), workers)
-    done = [n for ran, _ in outcomes for n in ran]
-    finished = max(last for _, last in outcomes)
+    # Metered in the database the run uses: a peer's own, or sa_taskqueue's.
+    together = start_together(WORKER[implementation], (dsn, batch), workers, meter=dsn)
+    done = [n for ran, _ in together.outcomes for n in ran]
+    finished = max(last for _, last in together.outcomes)
     completed = implementation not in ON_OUR_TABLE or _not_completed(dsn) == 0
     return DrainResult(
-        seconds=max(finished - started, 1e-9),
+        seconds=max(finished - together.started, 1e-9),
         tasks=len(done),
         exactly_once=completed and len(done) == tasks and len(set(done)) == tasks,
-    )
+    ).with_costs(together.client_cpu, together.usage)
