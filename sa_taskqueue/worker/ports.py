@@ -34,7 +34,7 @@ class WorkerQueue(TransactionalQueue, ScheduleSource, Protocol):
 
     @property
     def paused(self) -> PausedQueues:
-        """The paused queues: read again within each poll interval, and at once when told they changed."""
+        """The paused queues: kept fresh by the worker's `PauseWatch`, read again when they changed."""
 
     @property
     def lease(self) -> timedelta:

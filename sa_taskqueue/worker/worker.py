@@ -39,6 +39,7 @@ from sa_taskqueue.core.exceptions import DatabaseUnavailable
 from sa_taskqueue.core.notify import can_listen
 from sa_taskqueue.core.redaction import Redactor
 from sa_taskqueue.core.services import Service
+from sa_taskqueue.features.pausing import PauseWatch
 from sa_taskqueue.features.retention import RetentionService
 from sa_taskqueue.features.schedules import ScheduleService
 from sa_taskqueue.features.transactional import check_no_transactional
@@ -287,8 +288,6 @@ class Worker:
             self._lease.start_watchdog(self._watchdog_lost)
         restore_signals = self._install_signal_handlers()
         heartbeat = threading.Thread(target=self._lease.heartbeat, name="sa_taskqueue-heartbeat", daemon=True)
-        # Paused queues are read again at least once per poll interval.
-        self.queue.paused.check_within(self.poll_interval)
         services = self._services()
         # The log lines first: a hook's own lines follow the task's.
         unsubscribe = [subscribe_log(self.queue.events, state, Redactor(self.queue.engine.url))]
@@ -349,7 +348,8 @@ class Worker:
 
     def _services(self) -> list[Service]:
         """The background services this run starts beside the claim loop."""
-        services: list[Service] = []
+        # The paused queues, kept fresh off the claim path: no claim waits for their read.
+        services: list[Service] = [PauseWatch(self.queue.paused)]
         interval = self.queue.retention_interval
         if self.queue.retention and interval is not None and not self.burst:
             services.append(
