@@ -38,6 +38,7 @@ from sa_taskqueue.core.finished import announced_ids, announcing, notify_finishe
 from sa_taskqueue.core.model import FINISHED_STATUSES, TaskStatus, has_status
 from sa_taskqueue.core.types import UTCDateTime
 from sa_taskqueue.strategies.held_arrays import complete_from_arrays_statement, held_claims
+from sa_taskqueue.strategies.prepared import DriverResult
 
 if TYPE_CHECKING:
     from sa_taskqueue.strategies.executor import StatementExecutor
@@ -394,7 +395,11 @@ def in_chunks(write: Callable[[slice], set[int]], count: int, size: int) -> set[
 
 
 def ids_written(
-    result: CursorResult[Any], tasks: Sequence[ClaimedTask], *, announced: bool, returning: bool
+    result: CursorResult[Any] | DriverResult,
+    tasks: Sequence[ClaimedTask],
+    *,
+    announced: bool,
+    returning: bool,
 ) -> set[int] | None:
     """The ids a guarded UPDATE of ``tasks`` wrote, as its ``result`` tells them.
 

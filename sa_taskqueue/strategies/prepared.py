@@ -5,8 +5,15 @@ form up, and has the compiler build the parameters, every time: on this
 project's benchmark machine that is about 40 µs a statement, as much as the
 round trip to a local database.  Claims and completions run the same few
 statements thousands of times a second, so they are compiled once per dialect
-here and run through `Connection.exec_driver_sql`, which keeps what matters
-of SQLAlchemy's execution (events, error translation, disconnect handling).
+here and sent on a cursor of the connection's own through the connection's
+cursor execution, which keeps what matters of SQLAlchemy's execution: the
+``before_cursor_execute`` and ``after_cursor_execute`` events (tracing and
+metrics see every statement), echo, error translation and disconnect
+handling.  What it leaves out is the per-call result machinery: a result's
+column metadata, rebuilt from the cursor's description on every execution,
+costs more than the driver's own fetch for the one or few rows a claim
+returns, so rows come back as the driver's tuples, processed by the column
+types found once.
 
 The values still go through the columns' own types, in both directions: a
 task row reads back the same as through any other SQLAlchemy path.
@@ -14,15 +21,41 @@ task row reads back the same as through any other SQLAlchemy path.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import Connection, CursorResult, Table
 from sqlalchemy.engine import Dialect
+from sqlalchemy.exc import DBAPIError, StatementError
 
 from sa_taskqueue.backends import backend_for
 
 Processor = Callable[[Any], Any]
+
+
+class DriverResult:
+    """What a statement sent on the driver's cursor returned: its rows as tuples, and its row count.
+
+    The part of `CursorResult` the strategies read, fetched at once so that
+    the cursor is closed before this is handed back.
+    """
+
+    __slots__ = ("_rows", "rowcount")
+
+    def __init__(self, rows: Sequence[Sequence[Any]], rowcount: int) -> None:
+        self._rows = rows
+        self.rowcount = rowcount
+
+    def __iter__(self) -> Iterator[Sequence[Any]]:
+        return iter(self._rows)
+
+    def scalar(self) -> Any:
+        """The first column of the first row, or None without rows."""
+        return self._rows[0][0] if self._rows else None
+
+    def scalars(self) -> list[Any]:
+        """The first column of every row."""
+        return [row[0] for row in self._rows]
 
 
 class PreparedStatement:
@@ -62,21 +95,16 @@ class PreparedStatement:
         self._columns = {column.name: column for column in table.c}
         self._columns.update({column.key: column for column in getattr(statement, "exported_columns", ())})
         self._result_processors: dict[str, Processor | None] = {}
+        #: The names of the columns it returns, and their processors, in order: found at the first run.
+        self._names: tuple[str, ...] | None = None
+        self._row_processors: list[Processor | None] | None = None
 
-    def execute(self, conn: Connection, params: Mapping[str, Any]) -> CursorResult[Any]:
+    def execute(self, conn: Connection, params: Mapping[str, Any]) -> CursorResult[Any] | DriverResult:
         """Run the statement with ``params`` (the required parameters, by name)."""
         if not self.direct:
             return conn.execute(self.statement, dict(params))
-        values = dict(self._fixed)
-        for name, processor in self._required:
-            try:
-                value = params[name]
-            except KeyError:
-                raise KeyError(f"no value for the statement's parameter {name!r}") from None
-            values[name] = processor(value) if processor is not None else value
-        if self._order is None:
-            return conn.exec_driver_sql(self.sql, values)
-        return conn.exec_driver_sql(self.sql, tuple(values[name] for name in self._order))
+        rows, rowcount, _names = self._send(conn, params)
+        return DriverResult(rows, rowcount)
 
     def rows(self, conn: Connection, params: Mapping[str, Any]) -> list[dict[str, Any]]:
         """Run the statement and return its rows as dicts of column name to processed value.
@@ -85,18 +113,62 @@ class PreparedStatement:
         """
         if not self.direct:
             return [dict(row) for row in conn.execute(self.statement, dict(params)).mappings()]
-        result = self.execute(conn, params)
-        keys = list(result.keys())
-        processors = [self._result_processor(key) for key in keys]
-        rows: list[dict[str, Any]] = []
-        for raw in result.fetchall():
-            rows.append(
-                {
-                    key: (processor(value) if processor is not None else value)
-                    for key, processor, value in zip(keys, processors, raw, strict=True)
-                }
-            )
-        return rows
+        raw_rows, _rowcount, names = self._send(conn, params)
+        if not raw_rows:
+            return []
+        processors = self._processors_of(names)
+        return [
+            {
+                key: (processor(value) if processor is not None else value)
+                for key, processor, value in zip(names, processors, raw, strict=True)
+            }
+            for raw in raw_rows
+        ]
+
+    def _send(
+        self, conn: Connection, params: Mapping[str, Any]
+    ) -> tuple[Sequence[Sequence[Any]], int, tuple[str, ...]]:
+        """Send the statement on a cursor of ``conn``'s: its rows (all fetched), row count, column names."""
+        values = dict(self._fixed)
+        for name, processor in self._required:
+            try:
+                value = params[name]
+            except KeyError:
+                raise KeyError(f"no value for the statement's parameter {name!r}") from None
+            values[name] = processor(value) if processor is not None else value
+        driver_params: Any = values if self._order is None else tuple(values[name] for name in self._order)
+        if not conn.in_transaction():
+            conn.begin()  # (as SQLAlchemy's own execution begins one: a no-op for the driver in autocommit)
+        cursor = conn.connection.cursor()
+        try:
+            # The connection's own cursor execution: its events, echo, and its
+            # translation of driver errors (a lost connection invalidated).
+            try:
+                conn._cursor_execute(cursor, self.sql, driver_params)
+            except StatementError as error:
+                # Only the driver's errors come wrapped, as SQLAlchemy's own
+                # execution has them; anything else (an event handler's) is
+                # raised as it was raised.
+                if isinstance(error, DBAPIError) or not isinstance(error.orig, BaseException):
+                    raise
+                raise error.orig from None
+            names = self._names
+            if names is None:
+                # (Read once: a driver may build the description anew at each read.)
+                description = cursor.description
+                names = () if description is None else tuple(column[0] for column in description)
+                self._names = names
+            if not names:
+                return (), cursor.rowcount, names
+            return cursor.fetchall(), cursor.rowcount, names
+        finally:
+            cursor.close()
+
+    def _processors_of(self, names: tuple[str, ...]) -> list[Processor | None]:
+        processors = self._row_processors
+        if processors is None:
+            processors = self._row_processors = [self._result_processor(name) for name in names]
+        return processors
 
     def _result_processor(self, key: str) -> Processor | None:
         try:
@@ -108,4 +180,4 @@ class PreparedStatement:
         return processor
 
 
-__all__ = ["PreparedStatement"]
+__all__ = ["DriverResult", "PreparedStatement"]
