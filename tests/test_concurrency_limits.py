@@ -10,6 +10,7 @@ from collections import Counter
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -426,6 +427,14 @@ def test_mysql_locks_limited_candidates_then_updates_without_returning() -> None
     take = compiled(take_statement(TABLE, REQUEST), mysql.dialect())
     assert "RETURNING" not in take
     assert "sa_taskqueue_task.attempts = %s" in take, "fenced on the attempt seen"
+
+
+@pytest.mark.parametrize("dialect", [oracle.dialect(), mysql.dialect()], ids=["oracle", "mysql"])
+def test_a_limited_claim_takes_all_its_candidates_in_one_update(dialect: Any) -> None:
+    take = compiled(take_statement(TABLE, REQUEST, 3), dialect)
+    assert take.count("UPDATE") == 1 and "RETURNING" not in take
+    assert take.count("CASE") == 2, "each row its own key and slot"
+    assert take.count("attempts =") >= 3, "each row fenced on its own attempt seen"
 
 
 def test_a_deadlock_victim_is_told_from_other_errors() -> None:

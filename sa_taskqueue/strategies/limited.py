@@ -13,9 +13,9 @@ In one transaction, as the strategy's own claim locks and fences:
    (locked with SKIP LOCKED where the strategy locks rows);
 3. give each candidate the lowest free slot of its key, skipping those
    whose key has none left, up to the claim's limit;
-4. UPDATE each to RUNNING with its slot, in (key, slot) order so that two
-   claimers wait on each other's slots in one order, and fenced on the
-   attempt seen (the compare-and-set of ``conditional_update``).
+4. UPDATE them to RUNNING, each with its slot, in one statement for all
+   of them, each row fenced on the attempt seen (the compare-and-set of
+   ``conditional_update``).
 
 Two claimers that read the same free slot at once both try to take it: the
 unique index refuses the second (on PostgreSQL and InnoDB once the first
@@ -33,7 +33,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from sqlalchemy import Connection, Engine, Select, Table, bindparam, or_, select, update
+from sqlalchemy import Connection, Engine, Select, Table, and_, bindparam, case, or_, select, update
 from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
@@ -104,21 +104,45 @@ def candidates_query(table: Table, request: ClaimRequest, full_keys: Sequence[st
     return query
 
 
-def take_statement(table: Table, request: ClaimRequest) -> Any:
-    """UPDATE one candidate to RUNNING in a slot, if it is still queued, due, and at the attempt seen."""
+def take_statement(table: Table, request: ClaimRequest, count: int = 1) -> Any:
+    """UPDATE ``count`` candidates to RUNNING, each in its slot, if queued, due, and at the attempt seen.
+
+    One statement for the claim's every candidate, whose SQL is fixed per
+    count: the candidate ``i`` is bound as ``limited_id_i`` and
+    ``limited_attempts_i``, its key and slot as ``limited_key_i`` and
+    ``limited_slot_i`` (`take_params`).
+    """
+    ids = [bindparam(f"{CANDIDATE_ID}_{i}", type_=table.c.id.type) for i in range(count)]
+    attempts = [bindparam(f"{CANDIDATE_ATTEMPTS}_{i}", type_=table.c.attempts.type) for i in range(count)]
+    keys = [bindparam(f"{KEY}_{i}", type_=table.c.concurrency_key.type) for i in range(count)]
+    slots = [bindparam(f"{SLOT}_{i}", type_=table.c.concurrency_slot.type) for i in range(count)]
+    if count == 1:
+        key: Any = keys[0]
+        slot: Any = slots[0]
+    else:
+        key = case(*((table.c.id == ids[i], keys[i]) for i in range(count)), else_=table.c.concurrency_key)
+        slot = case(*((table.c.id == ids[i], slots[i]) for i in range(count)), else_=table.c.concurrency_slot)
     return (
         update(table)
         .where(
-            table.c.id == bindparam(CANDIDATE_ID, type_=table.c.id.type),
-            table.c.attempts == bindparam(CANDIDATE_ATTEMPTS, type_=table.c.attempts.type),
+            # The ids alone first, so the plan finds the rows by their key.
+            table.c.id.in_(ids),
+            or_(*(and_(table.c.id == ids[i], table.c.attempts == attempts[i]) for i in range(count))),
             due_clause(table, request),
         )
-        .values(
-            **claimed_values(table, request),
-            concurrency_key=bindparam(KEY, type_=table.c.concurrency_key.type),
-            concurrency_slot=bindparam(SLOT, type_=table.c.concurrency_slot.type),
-        )
+        .values(**claimed_values(table, request), concurrency_key=key, concurrency_slot=slot)
     )
+
+
+def take_params(plan: Sequence[tuple[str, int, Mapping[str, Any]]]) -> dict[str, Any]:
+    """The values of `take_statement` for ``plan``'s candidates, each with its key and slot."""
+    params: dict[str, Any] = {}
+    for i, (key, slot, row) in enumerate(plan):
+        params[f"{CANDIDATE_ID}_{i}"] = row["id"]
+        params[f"{CANDIDATE_ATTEMPTS}_{i}"] = row["attempts"]
+        params[f"{KEY}_{i}"] = key
+        params[f"{SLOT}_{i}"] = slot
+    return params
 
 
 def candidate_window(request: ClaimRequest) -> int:
@@ -168,18 +192,33 @@ def _claim(
     store_missing_keys(conn, table, candidates, {row["id"] for _, _, row in plan}, limits)
     if not plan:
         return []
+    plan.sort(key=lambda item: (item[0], item[1]))
     take = strategy.executor.prepared(
-        ("limited_take", request.shape), conn.dialect, table, lambda: take_statement(table, request)
+        ("limited_take", len(plan), request.shape),
+        conn.dialect,
+        table,
+        lambda: take_statement(table, request, len(plan)),
     )
-    claimed: list[dict[str, Any]] = []
-    for key, slot, row in sorted(plan, key=lambda item: (item[0], item[1])):
-        won = take.execute(
-            conn,
-            {**params, CANDIDATE_ID: row["id"], CANDIDATE_ATTEMPTS: row["attempts"], KEY: key, SLOT: slot},
+    won = take.execute(conn, {**params, **take_params(plan)}).rowcount
+    if won == len(plan):
+        taken_ids = {row["id"] for _, _, row in plan}
+    else:
+        # (Rare: a candidate changed since it was read, where the strategy
+        # does not lock them.)  The rows taken are those this claim wrote.
+        taken_ids = set(
+            conn.execute(
+                select(table.c.id).where(
+                    table.c.id.in_([row["id"] for _, _, row in plan]),
+                    table.c.locked_by == request.worker_id,
+                    table.c.started_at == request.now,
+                )
+            ).scalars()
         )
-        if won.rowcount == 1:
-            claimed.append({**apply_claim(row, request), "concurrency_key": key, "concurrency_slot": slot})
-    return claimed
+    return [
+        {**apply_claim(row, request), "concurrency_key": key, "concurrency_slot": slot}
+        for key, slot, row in plan
+        if row["id"] in taken_ids
+    ]
 
 
 def store_missing_keys(
@@ -246,6 +285,7 @@ __all__ = [
     "candidates_query",
     "claim_limited",
     "running_slots_statement",
+    "take_params",
     "take_statement",
     "taken_slots",
 ]
