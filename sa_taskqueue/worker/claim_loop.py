@@ -147,8 +147,8 @@ class ClaimLoop:
                     # the slots, their leases running from the claim and
                     # renewed like any other.
                     free += writing
-                    # (Read only where a claim would follow: with no slot free the loop just waits.)
-                    batch_running = free > 0 and self.batch_still_running_locked()
+                # (Read only where a claim would follow: with no slot free the loop just waits.)
+                batch_running = free > 0 and self.batch_still_running_locked()
                 if self._write_claiming:
                     free = 0  # a write claims for every slot free or writing: it wakes this loop when done
             if free <= 0:
@@ -159,7 +159,7 @@ class ClaimLoop:
                 # Claim for them once they free, in one claim with the rest.
                 self.wait(self.poll_interval)
                 continue
-            if claim_ahead and batch_running:
+            if batch_running:
                 # Tasks of the same claim as the slots to claim for, or of a
                 # later one, still run (or wait for their write): wait a
                 # little for them to end too, so that their slots claim
@@ -429,13 +429,11 @@ class ClaimLoop:
                     slot.writing = True
                     freeing += 1
             free_now = self.concurrency - len(state.running) - self.slot_claiming
-            if free_now + freeing <= 0 or (self.claims_ahead and self.batch_still_running_locked()):
-                # (Tasks of its claim, or of a later one, still run: where
-                # slots claim ahead the loop waits for their slots too, and
-                # claims for all together.  Claimed for these slots alone,
-                # the next batch would be as split as this one, and so on.
-                # Elsewhere the loop claims for slots as soon as they are
-                # free, so the write may as well claim for them itself.)
+            if free_now + freeing <= 0 or self.batch_still_running_locked():
+                # (Tasks of its claim, or of a later one, still run: the
+                # loop waits a little for their slots too, and claims for
+                # all together.  Claimed for these slots alone, the next
+                # batch would be as split as this one, and so on.)
                 return None
             self._write_claiming = True
             return self.next_claim_locked(), free_now + freeing, free_now
