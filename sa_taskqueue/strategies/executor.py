@@ -20,7 +20,7 @@ from sqlalchemy.engine import Dialect
 
 from sa_taskqueue.backends import backend_for
 from sa_taskqueue.strategies.kept_connection import KeptConnection
-from sa_taskqueue.strategies.prepared import PreparedStatement
+from sa_taskqueue.strategies.prepared import PreparedStatement, send_driver_sql
 
 
 class StatementExecutor:
@@ -85,7 +85,7 @@ class StatementExecutor:
         backend = backend_for(engine.dialect)
         if backend.write_begin is not None:
             with self.kept_connection(engine, autocommit=True).lend() as conn:
-                conn.exec_driver_sql(backend.write_begin)
+                send_driver_sql(conn, backend.write_begin)
                 try:
                     yield conn
                 except BaseException:
@@ -94,9 +94,9 @@ class StatementExecutor:
                     # the error to raise is the one that ended it.  (The loan
                     # ends in error, so the connection is not lent again.)
                     with contextlib.suppress(Exception):
-                        conn.exec_driver_sql("ROLLBACK")
+                        send_driver_sql(conn, "ROLLBACK")
                     raise
-                conn.exec_driver_sql("COMMIT")
+                send_driver_sql(conn, "COMMIT")
             return
         if backend.autocommit_statements:
             with engine.begin() as conn:

@@ -21,6 +21,7 @@ task row reads back the same as through any other SQLAlchemy path.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -58,6 +59,35 @@ class DriverResult:
         return [row[0] for row in self._rows]
 
 
+def send_driver_sql(conn: Connection, sql: str) -> None:
+    """Send ``sql``, a statement without parameters or rows (BEGIN, COMMIT), the way a prepared one goes.
+
+    Through the connection's cursor execution, so that events, echo and
+    error translation see it, without building a result for it.
+    """
+    if not conn.in_transaction():
+        conn.begin()  # (as SQLAlchemy's own execution begins one: a no-op for the driver in autocommit)
+    cursor = conn.connection.cursor()
+    try:
+        cursor_execute(conn, cursor, sql, ())
+    finally:
+        cursor.close()
+
+
+def cursor_execute(conn: Connection, cursor: Any, sql: str, params: Any) -> None:
+    """Run ``sql`` on ``cursor`` through ``conn``'s own cursor execution: its events, echo, error translation.
+
+    Only the driver's errors come wrapped, as SQLAlchemy's own execution
+    wraps them; anything else (an event handler's) is raised as it was raised.
+    """
+    try:
+        conn._cursor_execute(cursor, sql, params)
+    except StatementError as error:
+        if isinstance(error, DBAPIError) or not isinstance(error.orig, BaseException):
+            raise
+        raise error.orig from None
+
+
 class PreparedStatement:
     """One statement compiled for one dialect, with its parameters' and result columns' processors.
 
@@ -80,6 +110,12 @@ class PreparedStatement:
         self._order: tuple[str, ...] | None = (
             tuple(compiled.positiontup) if compiled.positional and compiled.positiontup else None
         )
+        #: The positional values from the named ones, in the statement's order (positional drivers).
+        self._positions: Callable[[Mapping[str, Any]], tuple[Any, ...]] | None = None
+        if self._order is not None:
+            pick = operator.itemgetter(*self._order)
+            single = len(self._order) == 1
+            self._positions = (lambda values: (pick(values),)) if single else pick
         self._fixed: dict[str, Any] = {}
         self._required: list[tuple[str, Processor | None]] = []
         for name, bind in compiled.binds.items():
@@ -136,22 +172,14 @@ class PreparedStatement:
             except KeyError:
                 raise KeyError(f"no value for the statement's parameter {name!r}") from None
             values[name] = processor(value) if processor is not None else value
-        driver_params: Any = values if self._order is None else tuple(values[name] for name in self._order)
+        driver_params: Any = values if self._positions is None else self._positions(values)
         if not conn.in_transaction():
             conn.begin()  # (as SQLAlchemy's own execution begins one: a no-op for the driver in autocommit)
         cursor = conn.connection.cursor()
         try:
             # The connection's own cursor execution: its events, echo, and its
             # translation of driver errors (a lost connection invalidated).
-            try:
-                conn._cursor_execute(cursor, self.sql, driver_params)
-            except StatementError as error:
-                # Only the driver's errors come wrapped, as SQLAlchemy's own
-                # execution has them; anything else (an event handler's) is
-                # raised as it was raised.
-                if isinstance(error, DBAPIError) or not isinstance(error.orig, BaseException):
-                    raise
-                raise error.orig from None
+            cursor_execute(conn, cursor, self.sql, driver_params)
             names = self._names
             if names is None:
                 # (Read once: a driver may build the description anew at each read.)
@@ -180,4 +208,4 @@ class PreparedStatement:
         return processor
 
 
-__all__ = ["DriverResult", "PreparedStatement"]
+__all__ = ["DriverResult", "PreparedStatement", "send_driver_sql"]
