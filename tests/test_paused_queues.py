@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
+from sqlalchemy.orm import Session
 
 import sa_taskqueue as tq
 from sa_taskqueue.core.types import utcnow
@@ -199,3 +200,59 @@ def test_a_listening_worker_picks_up_a_resume_at_once(
         worker.stop()
         thread.join(timeout=30)
     queue.close()
+
+
+def test_a_worker_reads_the_pauses_beside_its_claims_never_before_them(engine: sa.Engine) -> None:
+    # A busy worker with a short poll interval: every read of the control
+    # table is its pause watch's, in a thread of its own, but for at most
+    # one by the first claim, sent before the watch's first read.
+    queue = make_queue(engine, None, timedelta(minutes=5))
+    with Session(engine) as session:
+        queue.enqueue_many(session, "record", [{"key": n} for n in range(200)])
+        session.commit()
+    control = tq.Task.__table__.name + "_control"
+    readers: list[str] = []
+
+    def seen(_conn: object, _cursor: object, statement: str, *_rest: object) -> None:
+        if control in statement and statement.lstrip().upper().startswith("SELECT"):
+            readers.append(threading.current_thread().name)
+
+    sa.event.listen(queue.engine, "before_cursor_execute", seen)
+    try:
+        worker = tq.Worker(
+            queue, concurrency=4, burst=True, poll_interval=0.01, watchdog=False, self_test=False
+        )
+        worker.run()
+    finally:
+        sa.event.remove(queue.engine, "before_cursor_execute", seen)
+        queue.close()
+    assert executions(engine) == dict.fromkeys(range(200), 1)
+    assert readers, "the watch read the pauses at least once"
+    off_the_watch = [name for name in readers if name != "sa_taskqueue-pauses"]
+    assert len(off_the_watch) <= 1, readers
+
+
+def test_a_worker_sees_a_pause_made_elsewhere_without_a_notification(
+    engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No LISTEN, every empty claim followed by a minute's wait, and the pause
+    # made through another queue object once the worker is idle: only the
+    # worker's watch can bring it in.
+    monkeypatch.setattr(claim_loop_module, "MIN_POLL_INTERVAL", 60.0)
+    queue = make_queue(engine, None, timedelta(minutes=5))
+    enqueue_one(queue, engine, "record", {"key": 1}, queue="free")
+    worker = tq.Worker(queue, poll_interval=60.0, listen=False, watchdog=False, self_test=False)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    other = tq.TaskQueue(engine)
+    try:
+        wait_until(lambda: executions(engine) == {1: 1}, 30, "the worker to claim and run its first task")
+        other.pause("held")
+        wait_until(lambda: "held" in queue.paused.queues, 10, "the worker's watch to read the pause")
+        other.resume("held")
+        wait_until(lambda: not queue.paused.queues, 10, "the worker's watch to read the resume")
+    finally:
+        worker.stop()
+        thread.join(timeout=30)
+        other.close()
+        queue.close()

@@ -40,7 +40,6 @@ pytestmark = pytest.mark.filterwarnings("ignore:Query string argument.*not accep
 SECRET = "s3cr@t/Stored-Pw9"
 
 
-
 #: Backends whose suite login takes a password it ignores: SQLite has no login, and the suite's
 #: MariaDB/MySQL root has no password and refuses a login with one.
 PASSWORD_IGNORED = ("postgres", "postgres18")

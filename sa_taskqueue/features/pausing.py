@@ -115,6 +115,12 @@ class PausedQueues:
         self.store(paused, started)
         return paused
 
+    @property
+    def queues(self) -> frozenset[str]:
+        """The paused queues as kept now, without reading them."""
+        with self._lock:
+            return self._paused
+
     def refresh(self) -> frozenset[str]:
         """Read the set now (with `read`) and keep it: what a watch does once each interval."""
         if self.read is None:
