@@ -321,3 +321,31 @@ def test_a_service_that_raises_is_logged_reported_and_restarted_never_stopping_t
     assert [(event.service, str(event.error)) for event in errors] == [("flaky", "first run fails")]
     assert any(record.message.startswith("the flaky service failed") for record in caplog.records)
     assert not any(thread.name.startswith("sa_taskqueue-flaky") for thread in threading.enumerate())
+
+
+def test_a_statement_tracer_gets_an_execution_context_for_every_claim_and_completion(
+    queue: tq.TaskQueue, engine: sa.Engine
+) -> None:
+    # What a tracer such as OpenTelemetry's SQLAlchemy instrumentation does:
+    # it keeps its span on the execution context, before and after each statement.
+    for key in range(20):
+        enqueue_one(queue, engine, "record", {"key": key})
+    traced: list[str] = []
+
+    def before(_conn: object, _cursor: object, statement: str, _p: object, context: Any, *_: object) -> None:
+        context._test_span = statement  # (an AttributeError on a missing context fails the worker)
+
+    def after(_conn: object, _cursor: object, statement: str, _p: object, context: Any, *_: object) -> None:
+        assert context._test_span == statement
+        traced.append(statement)
+
+    sa.event.listen(queue.engine, "before_cursor_execute", before)
+    sa.event.listen(queue.engine, "after_cursor_execute", after)
+    try:
+        worker = burst(queue, concurrency=4)
+    finally:
+        sa.event.remove(queue.engine, "before_cursor_execute", before)
+        sa.event.remove(queue.engine, "after_cursor_execute", after)
+    assert worker.processed == 20 and worker.failed == 0
+    updates = [statement for statement in traced if "UPDATE " + tq.Task.__table__.name in statement]
+    assert updates, "the claims and completions were traced"

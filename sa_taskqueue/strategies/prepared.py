@@ -5,15 +5,18 @@ form up, and has the compiler build the parameters, every time: on this
 project's benchmark machine that is about 40 µs a statement, as much as the
 round trip to a local database.  Claims and completions run the same few
 statements thousands of times a second, so they are compiled once per dialect
-here and sent on a cursor of the connection's own through the connection's
-cursor execution, which keeps what matters of SQLAlchemy's execution: the
-``before_cursor_execute`` and ``after_cursor_execute`` events (tracing and
-metrics see every statement), echo, error translation and disconnect
-handling.  What it leaves out is the per-call result machinery: a result's
-column metadata, rebuilt from the cursor's description on every execution,
-costs more than the driver's own fetch for the one or few rows a claim
-returns, so rows come back as the driver's tuples, processed by the column
-types found once.
+here and sent as driver SQL.  Where nothing listens to the engine's
+statements (no ``before_cursor_execute`` handler, no echo), they go on a
+cursor of the connection's own through the connection's cursor execution,
+which keeps its error translation and disconnect handling and leaves out
+the per-call result machinery: a result's column metadata, rebuilt from the
+cursor's description on every execution, costs more than the driver's own
+fetch for the one or few rows a claim returns, so rows come back as the
+driver's tuples, processed by the column types found once.  Where something
+listens (a tracer, a metrics hook, echo), they go through
+`Connection.exec_driver_sql`, so that its handlers get the execution context
+they are written for: tracing and metrics see every statement, as they
+would any other.
 
 The values still go through the columns' own types, in both directions: a
 task row reads back the same as through any other SQLAlchemy path.
@@ -21,6 +24,7 @@ task row reads back the same as through any other SQLAlchemy path.
 
 from __future__ import annotations
 
+import contextlib
 import operator
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -65,12 +69,32 @@ def send_driver_sql(conn: Connection, sql: str) -> None:
     Through the connection's cursor execution, so that events, echo and
     error translation see it, without building a result for it.
     """
+    if observed(conn):
+        conn.exec_driver_sql(sql)
+        return
     if not conn.in_transaction():
         conn.begin()  # (as SQLAlchemy's own execution begins one: a no-op for the driver in autocommit)
     cursor = conn.connection.cursor()
     try:
         cursor_execute(conn, cursor, sql, ())
     finally:
+        close_quietly(cursor)
+
+
+def observed(conn: Connection) -> bool:
+    """Whether something listens to ``conn``'s statements: an engine or connection event handler, or echo.
+
+    Its handlers expect SQLAlchemy's own execution context (a tracer keeps its
+    span there), and SQLAlchemy 2.0's echo of a bare cursor execution would
+    not hide parameters as ``hide_parameters`` asks: such statements take the
+    full path.
+    """
+    return bool(conn._has_events or conn.engine._has_events or conn._echo)
+
+
+def close_quietly(cursor: Any) -> None:
+    """Close ``cursor``; an error closing it (its connection lost and closed) must not hide the first."""
+    with contextlib.suppress(Exception):
         cursor.close()
 
 
@@ -173,6 +197,11 @@ class PreparedStatement:
                 raise KeyError(f"no value for the statement's parameter {name!r}") from None
             values[name] = processor(value) if processor is not None else value
         driver_params: Any = values if self._positions is None else self._positions(values)
+        if observed(conn):
+            result = conn.exec_driver_sql(self.sql, driver_params)
+            if not result.returns_rows:
+                return (), result.rowcount, ()
+            return result.fetchall(), result.rowcount, tuple(result.keys())
         if not conn.in_transaction():
             conn.begin()  # (as SQLAlchemy's own execution begins one: a no-op for the driver in autocommit)
         cursor = conn.connection.cursor()
@@ -190,7 +219,7 @@ class PreparedStatement:
                 return (), cursor.rowcount, names
             return cursor.fetchall(), cursor.rowcount, names
         finally:
-            cursor.close()
+            close_quietly(cursor)
 
     def _processors_of(self, names: tuple[str, ...]) -> list[Processor | None]:
         processors = self._row_processors
@@ -208,4 +237,4 @@ class PreparedStatement:
         return processor
 
 
-__all__ = ["DriverResult", "PreparedStatement", "send_driver_sql"]
+__all__ = ["DriverResult", "PreparedStatement", "close_quietly", "observed", "send_driver_sql"]
