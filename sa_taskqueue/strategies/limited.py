@@ -13,9 +13,11 @@ In one transaction, as the strategy's own claim locks and fences:
    (locked with SKIP LOCKED where the strategy locks rows);
 3. give each candidate the lowest free slot of its key, skipping those
    whose key has none left, up to the claim's limit;
-4. UPDATE them to RUNNING, each with its slot, in one statement for all
-   of them, each row fenced on the attempt seen (the compare-and-set of
-   ``conditional_update``).
+4. UPDATE them to RUNNING, each with its slot, fenced on the attempt seen
+   (the compare-and-set of ``conditional_update``): one UPDATE a row, in
+   (key, slot) order, so that two claimers wait on each other's slots in
+   one order; or, where the database runs one writer at a time (SQLite),
+   one UPDATE for them all, since no other claimer can be waiting.
 
 Two claimers that read the same free slot at once both try to take it: the
 unique index refuses the second (on PostgreSQL and InnoDB once the first
@@ -193,6 +195,12 @@ def _claim(
     if not plan:
         return []
     plan.sort(key=lambda item: (item[0], item[1]))
+    if not backend_for(conn.dialect).serialised_writes:
+        # One UPDATE writes its rows in the order its plan finds them, not in
+        # (key, slot) order: two claimers could then each hold a slot the
+        # other waits for, a deadlock PostgreSQL sees only after a second.
+        taken_rows = (_take_one(strategy, conn, table, request, params, item) for item in plan)
+        return [row for row in taken_rows if row is not None]
     take = strategy.executor.prepared(
         ("limited_take", len(plan), request.shape),
         conn.dialect,
@@ -219,6 +227,24 @@ def _claim(
         for key, slot, row in plan
         if row["id"] in taken_ids
     ]
+
+
+def _take_one(
+    strategy: LimitedClaimer,
+    conn: Connection,
+    table: Table,
+    request: ClaimRequest,
+    params: Mapping[str, Any],
+    item: tuple[str, int, Mapping[str, Any]],
+) -> dict[str, Any] | None:
+    """UPDATE one planned candidate into its slot; its claimed row, or None if it was no longer to be had."""
+    key, slot, row = item
+    take = strategy.executor.prepared(
+        ("limited_take", 1, request.shape), conn.dialect, table, lambda: take_statement(table, request, 1)
+    )
+    if take.execute(conn, {**params, **take_params([item])}).rowcount != 1:
+        return None
+    return {**apply_claim(row, request), "concurrency_key": key, "concurrency_slot": slot}
 
 
 def store_missing_keys(
