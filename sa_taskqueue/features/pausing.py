@@ -214,8 +214,9 @@ class QueuePauses:
 
     def read(self) -> list[str]:
         """The queues paused now, read from the database (and kept for the next claims)."""
+        started = time.monotonic()
         paused = self._read()
-        self.kept.store(paused)
+        self.kept.store(paused, started)  # (unless a change was announced meanwhile)
         return sorted(paused)
 
     def current(self) -> frozenset[str]:
