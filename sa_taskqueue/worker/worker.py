@@ -64,8 +64,8 @@ CLOSE_TIMEOUT = 10.0
 #: claimed, so that their successes are written in the same statement (seconds).
 #: A millisecond gathers a claimed batch of quick tasks into one statement;
 #: a longer wait gathers little more, and keeps the slots of tasks that run
-#: a few milliseconds each from their next task (see the README's
-#: Performance section for both, measured).
+#: a few milliseconds each from their next task (see the claiming page's
+#: "Completions in batches" for both, measured).
 DEFAULT_COMPLETION_DELAY = 0.001
 
 StartHook = Callable[[ClaimedTask], None]
