@@ -173,11 +173,9 @@ class PauseWatch:
 
     def __init__(self, paused: PausedQueues) -> None:
         self.paused = paused
-        self._stopping: threading.Event | None = None
 
     def run(self, stopping: threading.Event) -> None:
         paused = self.paused
-        self._stopping = stopping
         paused.watched(True)
         try:
             while not stopping.is_set():

@@ -206,8 +206,9 @@ class PreparedStatement:
             conn.begin()  # (as SQLAlchemy's own execution begins one: a no-op for the driver in autocommit)
         cursor = conn.connection.cursor()
         try:
-            # The connection's own cursor execution: its events, echo, and its
-            # translation of driver errors (a lost connection invalidated).
+            # The connection's own cursor execution, for its translation of
+            # driver errors (a lost connection invalidated); nothing listens
+            # to its statements here (`observed`).
             cursor_execute(conn, cursor, self.sql, driver_params)
             names = self._names
             if names is None:
