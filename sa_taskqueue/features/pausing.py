@@ -147,11 +147,6 @@ class PausedQueues:
             self._invalidated_at = time.monotonic()
         self.changed.set()
 
-    def check_within(self, seconds: float) -> None:
-        """Read again at least every ``seconds``."""
-        with self._lock:
-            self.max_age = min(self.max_age, seconds)
-
     def watched(self, watching: bool) -> None:
         """A watch starts (``watching``) or stops keeping this set fresh."""
         with self._lock:
