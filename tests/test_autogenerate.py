@@ -336,7 +336,7 @@ def test_autogenerate_upgrade_claim_no_drift_then_downgrade(
     operations = _function_bodies(first)["upgrade"]
     created = [op for op in operations if op.startswith("op.create_table(")]
     assert sorted(op.split("'")[1] for op in created) == sorted(
-        [project.jobs, f"{project.jobs}_control", project.customers]
+        [project.jobs, f"{project.jobs}_control", f"{project.jobs}_workers", project.customers]
     )
     # The mixin's two indexes, each kept to one status where partial indexes exist.
     claim_index = next(op for op in operations if f"'ix_{project.jobs}_claim'" in op)
@@ -349,7 +349,12 @@ def test_autogenerate_upgrade_claim_no_drift_then_downgrade(
 
     project.alembic("upgrade", "head")
     engine.dispose()
-    assert set(_our_tables(engine)) == {project.jobs, f"{project.jobs}_control", project.customers}
+    assert set(_our_tables(engine)) == {
+        project.jobs,
+        f"{project.jobs}_control",
+        f"{project.jobs}_workers",
+        project.customers,
+    }
 
     # The migrated table is the one create_all makes from the same model,
     # column by column and index by index (partial predicates, DATETIME(6),
@@ -402,8 +407,11 @@ def test_autogenerate_upgrade_claim_no_drift_then_downgrade(
         assert connection.scalar(sa.text(f"SELECT COUNT(*) FROM {APP_VERSION_TABLE}")) == 0
 
 
-#: What `TaskMixin` added after 0.1: columns (generated ones last), indexes, and the control table.
-ADDED_COLUMNS = ("unique_key", "concurrency_key", "concurrency_slot", "active_unique_key", "running_slot_key")
+#: What `TaskMixin` added after 0.1: columns (in the model's order), indexes, and the control and
+#: worker tables.
+ADDED_COLUMNS = (
+    "unique_key", "concurrency_key", "concurrency_slot", "active_unique_key", "running_slot_key", "headers",
+)  # fmt: skip
 ADDED_INDEXES = ("ix_{table}_finished", "ux_{table}_unique", "ux_{table}_slot")
 
 
@@ -444,7 +452,8 @@ def test_autogenerate_brings_a_0_1_table_to_the_current_mixin_without_losing_tas
         assert any(op.startswith("op.add_column(") and f"'{column}'" in op for op in operations), column
     for index in ADDED_INDEXES:
         assert any(f"'{index.format(table=project.jobs)}'" in op for op in operations), index
-    assert any(op.startswith("op.create_table(") and f"'{project.jobs}_control'" in op for op in operations)
+    for table in (f"{project.jobs}_control", f"{project.jobs}_workers"):
+        assert any(op.startswith("op.create_table(") and f"'{table}'" in op for op in operations), table
     if backend.is_postgres:
         # Only a stored generated column can be indexed there.
         assert revision.count("persisted=True") == 2

@@ -42,6 +42,7 @@ from tests.backends import Backend
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TASK_TABLE = "sa_taskqueue_task"
 CONTROL_TABLE = "sa_taskqueue_task_control"
+WORKER_TABLE = "sa_taskqueue_task_workers"
 
 #: The revision that creates the table; later ones change it.
 FIRST_REVISION = "b78c74731220"
@@ -154,8 +155,9 @@ def _schema_diff(connection: sa.Connection) -> list[Any]:
 def _reflect(engine: sa.Engine) -> dict[str, Any]:
     """The task table and its control table as the database reports them, in comparable form."""
     tables = {TASK_TABLE: _reflect_table(engine, TASK_TABLE)}
-    if sa.inspect(engine).has_table(CONTROL_TABLE):
-        tables[CONTROL_TABLE] = _reflect_table(engine, CONTROL_TABLE)
+    for extra in (CONTROL_TABLE, WORKER_TABLE):
+        if sa.inspect(engine).has_table(extra):
+            tables[extra] = _reflect_table(engine, extra)
     return tables
 
 
@@ -203,6 +205,7 @@ def _assert_head_matches_model(engine: sa.Engine, downgrade: Callable[[], None])
     engine.dispose()
     assert not sa.inspect(engine).has_table(TASK_TABLE)
     assert not sa.inspect(engine).has_table(CONTROL_TABLE)
+    assert not sa.inspect(engine).has_table(WORKER_TABLE)
 
     # The same table made from the model, reflected the same way.
     sa_taskqueue.metadata.create_all(engine)
@@ -375,3 +378,53 @@ def test_upgrade_widens_last_error_to_mediumtext_and_keeps_the_tasks(
     migrate.downgrade(url_form)
     form_engine.dispose()
     assert not sa.inspect(form_engine).has_table(TASK_TABLE)
+
+
+#: The scheduling controls' revision: the head before live workers and task headers.
+SCHEDULING_CONTROLS = "c41d7e2a9f10"
+
+
+@pytest.mark.usefixtures("clean_database")
+def test_upgrading_from_the_scheduling_controls_adds_headers_and_the_worker_table_and_keeps_every_task(
+    url_form: str, form_engine: sa.Engine
+) -> None:
+    migrate.upgrade(url_form, SCHEDULING_CONTROLS)
+    form_engine.dispose()
+    schema_before = _reflect(form_engine)
+    assert not sa.inspect(form_engine).has_table(WORKER_TABLE)
+    task = sa_taskqueue.metadata.tables[TASK_TABLE]
+    kept = [task.c[name] for name in (*COLUMNS_0_1, "unique_key", "concurrency_key", "concurrency_slot")]
+    now = datetime.now(UTC)
+    rows = [
+        {
+            "name": f"tests.{status.value}", "queue": "default", "priority": index, "params": {"n": index},
+            "status": status, "run_at": now, "attempts": 1, "max_attempts": 3, "created_at": now,
+            "finished_at": now if status in FINISHED_STATUSES else None,
+            "locked_by": "host:1:ab" if status is TaskStatus.RUNNING else None,
+            "locked_until": now if status is TaskStatus.RUNNING else None,
+            "last_error": "ValueError: kaput" if status is TaskStatus.FAILED else None,
+            "result": {"ok": True} if status is TaskStatus.COMPLETED else None,
+            "unique_key": f"u{index}", "concurrency_key": "k",
+            "concurrency_slot": 0 if status is TaskStatus.RUNNING else None,
+        }
+        for index, status in enumerate(TaskStatus)
+    ]  # fmt: skip
+    with form_engine.begin() as connection:
+        connection.execute(task.insert(), rows)
+        before = connection.execute(sa.select(*kept).order_by(task.c.id)).all()
+    assert {row.status for row in before} == set(TaskStatus)
+
+    migrate.upgrade(url_form)
+    form_engine.dispose()
+    with form_engine.connect() as connection:
+        assert connection.execute(sa.select(*kept).order_by(task.c.id)).all() == before
+        assert connection.execute(sa.select(task.c.headers)).scalars().all() == [None] * len(before)
+        assert _schema_diff(connection) == []
+        assert _current_revision(connection) == _head_revision()
+    assert sa.inspect(form_engine).has_table(WORKER_TABLE)
+
+    migrate.downgrade(url_form, SCHEDULING_CONTROLS)
+    form_engine.dispose()
+    assert _reflect(form_engine) == schema_before
+    with form_engine.connect() as connection:
+        assert connection.execute(sa.select(*kept).order_by(task.c.id)).all() == before

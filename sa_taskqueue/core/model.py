@@ -30,6 +30,7 @@ from sqlalchemy.sql.visitors import InternalTraversal
 
 from sa_taskqueue.backends import backend_for, dialects_with, partial_index_dialects
 from sa_taskqueue.core.control import control_table
+from sa_taskqueue.core.worker_table import worker_table
 from sa_taskqueue.core.types import JSONDocument, LongText, UTCDateTime, utcnow
 
 
@@ -196,6 +197,11 @@ class TaskMixin:
     running_slot_key: Mapped[str | None] = mapped_column(
         String(RUNNING_SLOT_KEY_LENGTH), IndexableComputed(_running_slot_key())
     )
+    #: (Last, as the migration that added it appends it.)  What the enqueuing code carried with the task beside its params: the
+    #: W3C trace context of the request that enqueued it (``traceparent``,
+    #: ``tracestate``), so the task's run continues that trace.  NULL when
+    #: there was nothing to carry.
+    headers: Mapped[dict[str, str] | None] = mapped_column(JSONDocument)
 
     @declared_attr.directive
     @classmethod
@@ -204,6 +210,8 @@ class TaskMixin:
         # The control table (paused queues, schedules) lives on the same
         # metadata, so create_all and autogenerate make both.
         control_table(cls.metadata, table)  # type: ignore[attr-defined]
+        # And the live workers, for the same reason.
+        worker_table(cls.metadata, table)  # type: ignore[attr-defined]
         return (
             # The claim walks this index in claim order.  On PostgreSQL and
             # SQLite it holds queued rows only, so millions of finished rows
