@@ -30,8 +30,8 @@ from sqlalchemy.sql.visitors import InternalTraversal
 
 from sa_taskqueue.backends import backend_for, dialects_with, partial_index_dialects
 from sa_taskqueue.core.control import control_table
-from sa_taskqueue.core.worker_table import worker_table
 from sa_taskqueue.core.types import JSONDocument, LongText, UTCDateTime, utcnow
+from sa_taskqueue.core.worker_table import worker_table
 
 
 class TaskStatus(enum.StrEnum):
@@ -197,10 +197,11 @@ class TaskMixin:
     running_slot_key: Mapped[str | None] = mapped_column(
         String(RUNNING_SLOT_KEY_LENGTH), IndexableComputed(_running_slot_key())
     )
-    #: (Last, as the migration that added it appends it.)  What the enqueuing code carried with the task beside its params: the
+    #: What the enqueuing code carried with the task beside its params: the
     #: W3C trace context of the request that enqueued it (``traceparent``,
     #: ``tracestate``), so the task's run continues that trace.  NULL when
-    #: there was nothing to carry.
+    #: there was nothing to carry.  (Last: the migration that added it
+    #: appends it.)
     headers: Mapped[dict[str, str] | None] = mapped_column(JSONDocument)
 
     @declared_attr.directive

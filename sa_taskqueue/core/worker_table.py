@@ -56,7 +56,7 @@ def worker_table(metadata: MetaData, task_table_name: str) -> Table:
 
 
 def worker_table_of(task_table: Table) -> Table:
-    """The live-worker table declared beside ``task_table`` (by `TaskMixin`), declaring it if it is missing."""
+    """The live-worker table beside ``task_table`` (declared by `TaskMixin`), declaring it if missing."""
     return worker_table(task_table.metadata, task_table.name)
 
 
