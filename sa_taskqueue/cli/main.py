@@ -52,6 +52,7 @@ from sa_taskqueue.core.redaction import Redactor, has_unescaped_at
 from sa_taskqueue.core.types import utcnow
 from sa_taskqueue.features import admin, schedules, unique
 from sa_taskqueue.features.admin import Admin, StatusReport, UnregisteredTasks
+from sa_taskqueue.features.live_workers import unserved_line
 from sa_taskqueue.features.pausing import read_paused, set_paused
 from sa_taskqueue.health import HealthThresholds, health_lines
 from sa_taskqueue.queue import TaskQueue
@@ -679,7 +680,7 @@ def status(ctx: click.Context, app_argument: str | None, app: str | None, url: s
     if report.unregistered is not None:
         console.print(unregistered_line(report.unregistered), markup=False, soft_wrap=True)
     with for_people(ctx, target.url):
-        console.print(_on_queue(target.queue, workers.unserved_line), markup=False, soft_wrap=True)
+        console.print(_on_queue(target.queue, unserved_line), markup=False, soft_wrap=True)
     with for_people(ctx, target.url):
         paused = sorted(_on_queue(target.queue, read_paused))
     console.print(f"paused queues: {', '.join(paused) if paused else 'none'}", markup=False, soft_wrap=True)
@@ -1155,10 +1156,6 @@ def demo(ctx: click.Context, tasks: int, workers: int, url: str) -> None:
     twice = sorted(n for n, count in summary.runs_per_task.items() if count > 1)
     missing = sorted(set(range(summary.tasks)) - set(summary.runs_per_task))
     raise Failure(f"NOT exactly once: ran twice {twice[:10]}, never ran {missing[:10]}")
-
-
-# The commands of modules of their own, which register on `cli` as they are imported.
-from sa_taskqueue.cli import workers  # noqa: E402
 
 
 def main() -> None:

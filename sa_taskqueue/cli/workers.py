@@ -1,4 +1,4 @@
-"""``sa-taskqueue workers``: the live workers and what each runs; and ``status``'s line on unserved tasks.
+"""``sa-taskqueue workers``: the live workers and what each runs.
 
 The rows are the workers' own (`sa_taskqueue.features.live_workers`): each
 worker writes one as it starts, moves it on with its heartbeat and deletes
@@ -18,15 +18,9 @@ import sqlalchemy as sa
 
 from sa_taskqueue.cli.main import _app_option, _on_queue, _target, _url_option, cli, for_people
 from sa_taskqueue.cli.render import human_age
-from sa_taskqueue.core.exceptions import SchemaMissing
 from sa_taskqueue.core.types import utcnow
 from sa_taskqueue.core.worker_table import worker_table_of
-from sa_taskqueue.features.live_workers import (
-    LiveWorker,
-    describe_unserved,
-    list_live_workers,
-    unserved_tasks,
-)
+from sa_taskqueue.features.live_workers import LiveWorker, list_live_workers
 
 
 @cli.command("workers")
@@ -125,16 +119,4 @@ def _time(moment: datetime) -> str:
     return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def unserved_line(engine: sa.Engine, table: sa.Table, /) -> str:
-    """``status``'s line on the due tasks no live worker serves: by queue and name, with count and age."""
-    try:
-        groups = unserved_tasks(engine, table, now=utcnow())
-    except SchemaMissing as missing:
-        # A database not migrated since the live-worker table came: the rest of status still holds.
-        return f"no live worker serves: unknown ({missing})"
-    if not groups:
-        return "no live worker serves: none (a live worker serves every due task's queue and name)"
-    return f"no live worker serves: {describe_unserved(groups)}"
-
-
-__all__ = ["unserved_line", "worker_json", "worker_lines", "workers_command"]
+__all__ = ["worker_json", "worker_lines", "workers_command"]

@@ -372,6 +372,18 @@ def describe_unserved(groups: Sequence[UnservedTasks]) -> str:
     return "; ".join(named)
 
 
+def unserved_line(engine: Engine, task_table: Table, /, *, now: datetime | None = None) -> str:
+    """``sa-taskqueue status``'s line on the due tasks no live worker serves, by queue and name."""
+    try:
+        groups = unserved_tasks(engine, task_table, now=now)
+    except SchemaMissing as missing:
+        # A database not migrated since the live-worker table came: the rest of status still holds.
+        return f"no live worker serves: unknown ({missing})"
+    if not groups:
+        return "no live worker serves: none (a live worker serves every due task's queue and name)"
+    return f"no live worker serves: {describe_unserved(groups)}"
+
+
 # The queue's part and the worker's service ---------------------------------------------
 
 
@@ -564,5 +576,6 @@ __all__ = [
     "package_version",
     "prune_workers",
     "register_worker",
+    "unserved_line",
     "unserved_tasks",
 ]
