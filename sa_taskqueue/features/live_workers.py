@@ -452,8 +452,8 @@ class UnservedWarnings:
         now = self._clock()
         if self._checked_at is not None and now - self._checked_at < self._every:
             return []
+        found = self._find(now)  # (a failed look is tried again at the next heartbeat)
         self._checked_at = now
-        found = self._find(now)
         if found:
             logger.warning(
                 "due tasks no live worker serves (no worker claims their queue with their name "

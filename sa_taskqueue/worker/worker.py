@@ -352,6 +352,8 @@ class Worker:
         # The paused queues, kept fresh off the claim path: no claim waits for their read.
         services: list[Service] = [PauseWatch(self.queue.paused)]
         # Its row in the live-worker table, kept while it runs; and what no live worker serves, said.
+        # (An outage it meets is the claim loop's to report: a heartbeat waiting out SQLite's
+        # write lock behind a transactional task is no outage.)
         services.append(
             self.queue.live_workers.service(
                 self.worker_id,
@@ -359,7 +361,6 @@ class Worker:
                 task_names=self.queue.task_names,
                 concurrency=self.concurrency,
                 heartbeat=heartbeat_of(self._lease.heartbeat_seconds),
-                unavailable=self._outages.trouble,
             )
         )
         interval = self.queue.retention_interval
