@@ -93,7 +93,9 @@ class Worker:
     ``on_failure`` and a task's failure likewise.
 
     The worker claims only tasks whose names it has registered: a task of a
-    newer release stays queued for the workers that know it.
+    newer release stays queued for the workers that know it.  While it runs
+    it is listed among the live workers (`TaskQueue.workers`), and it logs
+    the due tasks no live worker serves (`sa_taskqueue.features.live_workers`).
 
     ``completion_delay`` (seconds) is how long a success may wait for the
     other tasks claimed and not finished, so that they are completed in one
