@@ -466,7 +466,8 @@ class UnservedWarnings:
 class LiveWorkerService:
     """A worker's `Service` that keeps its row in the live-worker table, and says what no worker serves.
 
-    It registers the worker as it starts, heartbeats every ``heartbeat``
+    It registers the worker as it starts (`begin`, before the worker's
+    first claim, or else as it runs), heartbeats every ``heartbeat``
     (moving ``expires_at`` to `EXPIRES_AFTER_HEARTBEATS` heartbeats ahead),
     prunes rows long expired, and deletes its row when the worker stops.
     After each heartbeat it lets `UnservedWarnings` log the due tasks no
@@ -493,34 +494,46 @@ class LiveWorkerService:
         self.record = record
         self.heartbeat = heartbeat
         self._unavailable = unavailable
-        self._wake = threading.Event()
         self._registered = False
+        self._begun = False
         self._missing_said = False
         self.warnings = UnservedWarnings(self._find_unserved, context.clock, unserved_every)
+
+    def begin(self) -> None:
+        """The first heartbeat (registering the worker) and look for unserved tasks, in the caller's thread.
+
+        A worker calls it as it starts, before its first claim: it is listed
+        before it runs anything, and its start-up statements are over before
+        its claims begin.  `run` then waits a heartbeat before its next one.
+        """
+        self._step()
+        self._begun = True
 
     def run(self, stopping: threading.Event) -> None:
         interval = self.heartbeat.total_seconds()
         try:
-            while not stopping.is_set():
-                try:
-                    self.beat()
-                    self.warnings.check()
-                except DatabaseUnavailable as error:
-                    if self._unavailable is not None:
-                        self._unavailable(error, interval, self.name)
-                    else:
-                        logger.debug(
-                            "the live-worker heartbeat failed (%s): trying again in %.1fs", error, interval
-                        )
-                except SchemaMissing as error:
-                    if not self._missing_said:
-                        logger.warning(
-                            "%s; this worker is not listed among the live workers meanwhile", error
-                        )
-                        self._missing_said = True
-                stopping.wait(interval)
+            if not self._begun:
+                self._step()
+            while not stopping.wait(interval):
+                self._step()
         finally:
             self.leave()
+
+    def _step(self) -> None:
+        """One heartbeat and, when it is time, one look for unserved tasks; failures said, never raised."""
+        interval = self.heartbeat.total_seconds()
+        try:
+            self.beat()
+            self.warnings.check()
+        except DatabaseUnavailable as error:
+            if self._unavailable is not None:
+                self._unavailable(error, interval, self.name)
+            else:
+                logger.debug("the live-worker heartbeat failed (%s): trying again in %.1fs", error, interval)
+        except SchemaMissing as error:
+            if not self._missing_said:
+                logger.warning("%s; this worker is not listed among the live workers meanwhile", error)
+                self._missing_said = True
 
     def beat(self) -> None:
         """Register (the first time) or heartbeat, then prune rows long expired."""

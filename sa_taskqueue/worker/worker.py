@@ -305,6 +305,7 @@ class Worker:
             self.isolation,
             ",".join(self.queues) if self.queues is not None else "*",
         )
+        self._live.begin()  # listed before its first claim, its start-up statements over by then
         self._emit.worker(EventKind.WORKER_STARTED)
         heartbeat.start()
         service_runner = ServiceRunner(self._emit)
@@ -356,15 +357,14 @@ class Worker:
         # Its row in the live-worker table, kept while it runs; and what no live worker serves, said.
         # (An outage it meets is the claim loop's to report: a heartbeat waiting out SQLite's
         # write lock behind a transactional task is no outage.)
-        services.append(
-            self.queue.live_workers.service(
-                self.worker_id,
-                queues=self.queues,
-                task_names=self.queue.task_names,
-                concurrency=self.concurrency,
-                heartbeat=heartbeat_of(self._lease.heartbeat_seconds),
-            )
+        self._live = self.queue.live_workers.service(
+            self.worker_id,
+            queues=self.queues,
+            task_names=self.queue.task_names,
+            concurrency=self.concurrency,
+            heartbeat=heartbeat_of(self._lease.heartbeat_seconds),
         )
+        services.append(self._live)
         interval = self.queue.retention_interval
         if self.queue.retention and interval is not None and not self.burst:
             services.append(
