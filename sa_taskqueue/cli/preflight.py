@@ -13,7 +13,7 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from sa_taskqueue.backends import backend_class, backend_classes
+from sa_taskqueue.backends import backend_class, backend_classes, dialect_named_by_alias
 
 #: The extra that installs every asyncio driver.
 ASYNC_EXTRA = "async"
@@ -102,6 +102,46 @@ def _is_async(url: sa.URL) -> bool:
     return driver.startswith(("async", "aio")) or driver.endswith("_async")
 
 
+def is_async_url(url: str | sa.URL) -> bool:
+    """Whether ``url`` names an asyncio driver, which only an `AsyncEngine` can drive.
+
+    SQLAlchemy's dialect class says so (``is_async``), without importing the
+    driver; a URL whose dialect cannot be loaded is not async here, and fails
+    later with its own error.
+    """
+    parsed = _parsed(url)
+    if parsed is None:
+        return False
+    try:
+        return bool(parsed.get_dialect().is_async)
+    except Exception:  # noqa: BLE001 - an unknown dialect: the engine's creation says what is wrong
+        return False
+
+
+def misnamed_dialect_hint(url: str | sa.URL | None) -> str | None:
+    """What to write instead when ``url``'s scheme names a database as other tools do (``postgres://``).
+
+    None when the scheme is not such a name.
+    """
+    parsed = _parsed(url)
+    if parsed is None:
+        return None
+    written, _, driver = parsed.drivername.partition("+")
+    name = dialect_named_by_alias(written)
+    if name is None:
+        return None
+    backend = backend_class(name)
+    if driver:
+        scheme = f"{name}+{driver}://"
+    elif backend.unnamed_driver is not None:
+        scheme = backend.unnamed_driver[1]
+    else:
+        scheme = f"{name}://"
+    extra = backend.driver_extra if not driver else None
+    install = f" (pip install 'sa_taskqueue[{extra}]')" if extra else ""
+    return f"SQLAlchemy calls {backend.label} {name}, not {written}: write the URL as {scheme}...{install}"
+
+
 def is_driver(module: str | None) -> bool:
     """Whether ``module`` is a database driver an extra of this package installs."""
     top = (module or "").split(".")[0]
@@ -111,7 +151,9 @@ def is_driver(module: str | None) -> bool:
 __all__ = [
     "ASYNC_EXTRA",
     "driver_hint",
+    "is_async_url",
     "is_driver",
+    "misnamed_dialect_hint",
     "missing_database_file",
     "missing_database_message",
 ]
