@@ -175,12 +175,8 @@ def _translated(
     busy = backend.busy(driver_error)
     if busy is not None:
         return DatabaseBusy(busy)
-    missing_table = _is(error, orig, "OperationalError", "ProgrammingError") and not _has_table(engine, table)
-    if missing_table:
-        return SchemaMissing(
-            f"the task table {table.name!r} does not exist: "
-            "run `sa-taskqueue migrate` (or `alembic upgrade head`)"
-        )
+    if is_missing_table(error, engine, table):
+        return schema_missing(table)
     # Only a failure of the database or the connection is an outage, worth
     # retrying; a statement refused for what it asks (OperationalError is
     # also where drivers file "too many columns" or an unknown column) would
@@ -195,6 +191,45 @@ def _translated(
     if outage:
         return DatabaseUnavailable(f"the database is unavailable: {detail}")
     return DatabaseError(f"the database refused a statement: {detail}")
+
+
+def schema_missing(table: Table) -> SchemaMissing:
+    """The error for a task table that is not there, saying how to create it."""
+    return SchemaMissing(
+        f"the task table {table.name!r} does not exist: "
+        "run `sa-taskqueue migrate` (or `alembic upgrade head`)"
+    )
+
+
+def is_missing_table(error: BaseException, engine: Engine, table: Table) -> bool:
+    """Whether ``error`` (SQLAlchemy's, or the driver's own) came of ``table`` not being there.
+
+    Drivers file "no such table" under OperationalError or ProgrammingError,
+    beside many other failures, so the database is asked whether it has it.
+    """
+    orig = error.orig if isinstance(error, sa_exc.DBAPIError) else None
+    return _is(error, orig, "OperationalError", "ProgrammingError") and not _has_table(engine, table)
+
+
+@contextmanager
+def missing_table_errors(engine: Engine, table: Table) -> Iterator[None]:
+    """`SchemaMissing` for an error the task table's absence caused, the driver's error as its cause.
+
+    Any other error passes as it was raised: around an enqueue into the
+    caller's session, it may be about rows of the caller's own that the
+    same flush wrote, and those errors are the caller's to handle.
+    """
+    dbapi = getattr(engine.dialect, "dbapi", None)
+    driver_error: type[BaseException] = getattr(dbapi, "Error", sa_exc.DBAPIError)
+    try:
+        yield
+    except TaskQueueError:
+        raise
+    except (sa_exc.DBAPIError, driver_error) as error:
+        if not is_missing_table(error, engine, table):
+            raise
+        cause = error.orig if isinstance(error, sa_exc.DBAPIError) else error
+        raise schema_missing(table) from cause
 
 
 def _is(error: BaseException, orig: BaseException | None, *kinds: str) -> bool:
@@ -289,5 +324,8 @@ __all__ = [
     "TaskNotRegistered",
     "TaskQueueError",
     "TaskResultError",
+    "is_missing_table",
+    "missing_table_errors",
+    "schema_missing",
     "translate_database_errors",
 ]
