@@ -22,7 +22,7 @@ import sa_taskqueue as tq
 from sa_taskqueue.cli.main import cli
 from sa_taskqueue.core import migrate
 from tests.backends import Backend
-from tests.helpers import task_row, task_rows
+from tests.helpers import run_cli, task_row, task_rows
 
 #: The asyncio dialects each backend is reached through here (the first part of the URL).
 ASYNC_FORMS: dict[str, tuple[str, ...]] = {
@@ -115,6 +115,14 @@ def test_schedules_of_an_app_read_through_an_async_url(async_url: str, backend: 
     # APP's registrations, its control table in the database the async --url names.
     out = ok("schedules", "--app", "tests.periodic_app:cli_queue", "--url", async_url, url=backend.url)
     assert "tick_every_second" in out and "nightly_paris" in out
+
+
+@pytest.mark.slow  # starts worker processes
+def test_the_demo_runs_on_an_async_url(async_url: str) -> None:
+    result = run_cli("demo", "--tasks", "40", "--workers", "2", "--url", async_url, url=async_url)
+    assert result.returncode == 0, result.stderr
+    assert "every task ran exactly once" in result.stdout
+    assert "completed 40" in result.stdout
 
 
 # migrate ------------------------------------------------------------------------------

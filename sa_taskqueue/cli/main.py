@@ -29,7 +29,7 @@ from sa_taskqueue.cli import params as cli_params
 from sa_taskqueue.cli.demo import DEFAULT_URL, run_demo
 from sa_taskqueue.cli.preflight import (
     driver_hint,
-    is_async_url,
+    engine_for_url,
     is_driver,
     misnamed_dialect_hint,
     missing_database_message,
@@ -183,19 +183,8 @@ def _safe(url: str | sa.URL) -> str:
 
 
 def _engine(url: str | None) -> sa.Engine | AsyncEngine:
-    """An engine for ``url``: an `AsyncEngine` when the URL names an asyncio driver.
-
-    A queue runs an async engine's calls on the engine's own event loop
-    (`TaskQueue.run_sync`), so every command works on an async URL through
-    the driver it names, as on an application whose only engine is async:
-    no second, synchronous driver need be installed.
-    """
-    checked = _checked_url(url)
-    if is_async_url(checked):
-        from sqlalchemy.ext.asyncio import create_async_engine  # only an async URL needs it
-
-        return create_async_engine(checked)
-    return sa.create_engine(checked)
+    """An engine for ``url`` (an `AsyncEngine` for an asyncio driver's: `engine_for_url`)."""
+    return engine_for_url(_checked_url(url))
 
 
 def _checked_url(url: str | None) -> str:

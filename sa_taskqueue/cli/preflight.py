@@ -10,10 +10,14 @@ package to install).  Each gets one line that says what to do.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 
 from sa_taskqueue.backends import backend_class, backend_classes, dialect_named_by_alias
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
 
 #: The extra that installs every asyncio driver.
 ASYNC_EXTRA = "async"
@@ -118,6 +122,21 @@ def is_async_url(url: str | sa.URL) -> bool:
         return False
 
 
+def engine_for_url(url: str) -> sa.Engine | AsyncEngine:
+    """An engine for ``url``: an `AsyncEngine` when the URL names an asyncio driver.
+
+    A queue runs an async engine's calls on the engine's own event loop
+    (`TaskQueue.run_sync`), so a command works on an async URL through the
+    driver it names, as on an application whose only engine is async: no
+    second, synchronous driver need be installed.
+    """
+    if is_async_url(url):
+        from sqlalchemy.ext.asyncio import create_async_engine  # only an async URL needs it
+
+        return create_async_engine(url)
+    return sa.create_engine(url)
+
+
 def misnamed_dialect_hint(url: str | sa.URL | None) -> str | None:
     """What to write instead when ``url``'s scheme names a database as other tools do (``postgres://``).
 
@@ -151,6 +170,7 @@ def is_driver(module: str | None) -> bool:
 __all__ = [
     "ASYNC_EXTRA",
     "driver_hint",
+    "engine_for_url",
     "is_async_url",
     "is_driver",
     "misnamed_dialect_hint",
