@@ -110,6 +110,19 @@ def test_every_admin_command_works_on_an_async_url(async_url: str, engine: sa.En
     assert "passed" in doctor and "FAILED" not in doctor, doctor
 
 
+@pytest.mark.backends("postgres", "postgres18", "mysql", "mariadb")  # servers: a port nothing listens on
+def test_an_unreachable_server_on_an_async_url_is_one_line(backend: Backend, async_form: str) -> None:
+    unreachable = sa.make_url(backend.url).set(
+        drivername=async_form, host="127.0.0.1", port=1, username="u", password="secret"
+    )
+    result = invoke("status", "--url", unreachable.render_as_string(hide_password=False))
+    assert result.exit_code == 1, result.output
+    message = result.stderr.strip()
+    assert len(message.splitlines()) == 1, message
+    assert message.startswith(f"error: cannot use the database at {async_form}://u:***@127.0.0.1:1/"), message
+    assert "secret" not in message
+
+
 @pytest.mark.usefixtures("fresh_app_modules")
 def test_schedules_of_an_app_read_through_an_async_url(async_url: str, backend: Backend) -> None:
     # APP's registrations, its control table in the database the async --url names.

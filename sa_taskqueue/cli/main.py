@@ -11,6 +11,7 @@ import importlib
 import json
 import logging
 import os
+import socket
 import sys
 import traceback
 from collections.abc import Callable, Iterator
@@ -152,6 +153,9 @@ def for_people(ctx: click.Context, url: str | sa.URL | None = None) -> Iterator[
         raise Failure(f"the database refused a statement{where}: {_first_line(error.orig)}") from error
     except sa.exc.SQLAlchemyError as error:
         raise Failure(f"{_first_line(error)}") from error
+    except (ConnectionError, socket.gaierror, TimeoutError) as error:
+        # An asyncio driver's failure to connect can arrive as the socket's own error (asyncpg's).
+        raise Failure(f"cannot use the database{where}: {_first_line(error)}") from error
     except ValueError as error:  # e.g. a URL whose port is not a number
         raise Failure(f"{_first_line(error)}{where}") from error
 
