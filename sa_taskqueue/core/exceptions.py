@@ -208,7 +208,15 @@ def is_missing_table(error: BaseException, engine: Engine, table: Table) -> bool
     beside many other failures, so the database is asked whether it has it.
     """
     orig = error.orig if isinstance(error, sa_exc.DBAPIError) else None
-    return _is(error, orig, "OperationalError", "ProgrammingError") and not _has_table(engine, table)
+    if not _is(error, orig, "OperationalError", "ProgrammingError"):
+        return False
+    invalidated = isinstance(error, sa_exc.DBAPIError) and error.connection_invalidated
+    backend = backend_for(engine.dialect)
+    driver_error = orig if orig is not None else error
+    if invalidated or backend.busy(driver_error) is not None or backend.outage(driver_error):
+        # A lost connection or a lock wait is no missing table, and asking would wait again.
+        return False
+    return not _has_table(engine, table)
 
 
 @contextmanager
