@@ -15,7 +15,7 @@ import socket
 import sys
 import traceback
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
@@ -482,7 +482,7 @@ def migrate(ctx: click.Context, revision: str, app: str | None, url: str | None)
     table = target.queue.table
     if table.metadata is not library_metadata:
         raise Failure(
-            f"{app}'s queue uses a task table of its own, {table.name!r} (a TaskMixin model on the "
+            f"{app} uses a task table of its own, {table.name!r} (a TaskMixin model on the "
             "application's own metadata), and migrate creates and upgrades only the library's table, "
             f"{Task.__tablename__!r}, with the library's migrations: create and upgrade {table.name!r} "
             f"and {control_table_of(table).name!r} with the application's own Alembic "
@@ -566,8 +566,11 @@ def _own_queue(ctx: click.Context, engine: sa.Engine | AsyncEngine, **options: A
     queue = TaskQueue(engine, **options)
 
     def close() -> None:
-        queue.close()
-        queue.run_sync(queue.engine.dispose)
+        # After the command's outcome is printed: a connection that cannot be closed cleanly (a
+        # server gone meanwhile) is let go with the process, not reported over that outcome.
+        with suppress(Exception):
+            queue.close()
+            queue.run_sync(queue.engine.dispose)
 
     ctx.call_on_close(close)
     return queue
