@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
@@ -22,7 +23,11 @@ from tests.app import Execution
 from tests.backends import ASYNC_DRIVERS, Backend, async_url
 from tests.missing_table_app import NeverMigrated, register
 
-HINT = "the task table 'never_migrated_task' does not exist: run `sa-taskqueue migrate`"
+#: A table of the application's own Base: its own migrations make it, not the library's.
+HINT = (
+    "the task table 'never_migrated_task' does not exist: "
+    "create it with the application's own migrations (`alembic upgrade head`)"
+)
 
 
 @pytest.fixture
@@ -127,3 +132,22 @@ def test_the_command_lines_enqueue(backend: Backend) -> None:
     assert result.exit_code == 1, result.output
     assert result.stderr.startswith(f"error: {HINT}"), result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.backends("sqlite")  # an empty database file of its own
+def test_the_librarys_own_table_says_to_run_migrate(tmp_path: Path) -> None:
+    engine = sa.create_engine(f"sqlite:///{tmp_path}/empty.db")
+    queue = register(tq.TaskQueue(engine))
+    with Session(engine) as session, pytest.raises(tq.SchemaMissing) as raised:
+        queue.enqueue(session, "shop.mail", {"to": "a@example.com"})
+    assert str(raised.value) == (
+        "the task table 'sa_taskqueue_task' does not exist: "
+        "run `sa-taskqueue migrate` (or `alembic upgrade head`)"
+    )
+    assert isinstance(raised.value.__cause__, engine.dialect.loaded_dbapi.Error)
+    with Session(engine) as session:
+        session.add(tq.Task(name="shop.mail"))
+        with pytest.raises(tq.SchemaMissing, match="run `sa-taskqueue migrate`"):
+            session.commit()
+    queue.close()
+    engine.dispose()

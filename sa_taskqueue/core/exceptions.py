@@ -14,6 +14,7 @@ from sqlalchemy import Engine, Table, inspect
 from sqlalchemy import exc as sa_exc
 
 from sa_taskqueue.backends import backend_for
+from sa_taskqueue.core.model import metadata as library_metadata
 
 
 class TaskQueueError(Exception):
@@ -194,11 +195,20 @@ def _translated(
 
 
 def schema_missing(table: Table) -> SchemaMissing:
-    """The error for a task table that is not there, saying how to create it."""
-    return SchemaMissing(
-        f"the task table {table.name!r} does not exist: "
-        "run `sa-taskqueue migrate` (or `alembic upgrade head`)"
-    )
+    """The error for a task table that is not there, saying how to create it.
+
+    The library's own table is made by its migrations (``sa-taskqueue
+    migrate``); a `TaskMixin` table on the application's own Base, by the
+    application's own Alembic history, which ``migrate`` does not run.
+    """
+    if table.metadata is library_metadata:
+        how = "run `sa-taskqueue migrate` (or `alembic upgrade head`)"
+    else:
+        how = (
+            "create it with the application's own migrations (`alembic upgrade head`); "
+            "`sa-taskqueue migrate` makes only the library's table"
+        )
+    return SchemaMissing(f"the task table {table.name!r} does not exist: {how}")
 
 
 def is_missing_table(error: BaseException, engine: Engine, table: Table) -> bool:
