@@ -235,6 +235,28 @@ def test_a_postgres_url_is_told_the_scheme_to_write(
     assert result.stderr == f"error: bad database URL {url}: {advice}\n"
 
 
+@pytest.mark.backends("sqlite")
+@pytest.mark.usefixtures("fresh_app_modules")
+@pytest.mark.parametrize(
+    ("url", "scheme"),
+    [
+        ("postgres://u@db.example/x", "postgresql+psycopg://"),
+        ("postgres+asyncpg://u@db.example/x", "postgresql+asyncpg://"),
+    ],
+)
+def test_an_app_whose_url_is_postgres_is_told_the_scheme_to_write(
+    backend: Backend, url: str, scheme: str
+) -> None:
+    # The application builds its engine when imported, from the URL the environment gives it.
+    result = invoke("list", "--app", "tests.cli_app:queue", url=url)
+    assert result.exit_code == 1, result.output
+    assert result.stderr.startswith(
+        "error: cannot import 'tests.cli_app': its database URL: SQLAlchemy calls PostgreSQL postgresql, "
+        f"not postgres: write the URL as {scheme}..."
+    ), result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
 # Piped output -------------------------------------------------------------------------
 
 LONG_NAME = "shop.orders.send_the_order_confirmation_email_to_the_customer_after_checkout"

@@ -269,6 +269,12 @@ def load_queue(spec: str) -> TaskQueue:
                 f"{driver_hint(error.name, None)}"
             ) from error
         raise Failure(f"cannot import {module_name!r}: {error}") from error
+    except sa.exc.NoSuchModuleError as error:
+        # The application builds its engine at import, on a URL SQLAlchemy has no dialect for.
+        hint = misnamed_dialect_hint(_dialect_url_of(error))
+        if hint is None:
+            raise Failure(f"importing {module_name!r} failed: {type(error).__name__}: {error}") from error
+        raise Failure(f"cannot import {module_name!r}: its database URL: {hint}") from error
     except Exception as error:
         raise Failure(f"importing {module_name!r} failed: {type(error).__name__}: {error}") from error
     for part in attribute.split("."):
@@ -279,6 +285,13 @@ def load_queue(spec: str) -> TaskQueue:
     if not isinstance(target, TaskQueue):
         raise Failure(f"{spec} is a {type(target).__name__}, not a sa_taskqueue.TaskQueue")
     return target
+
+
+def _dialect_url_of(error: sa.exc.NoSuchModuleError) -> str | None:
+    """The URL scheme SQLAlchemy could not load a dialect for ("sqlalchemy.dialects:postgres.asyncpg"
+    gives ``postgres+asyncpg://``), or None."""
+    _, found, name = str(error).partition("sqlalchemy.dialects:")
+    return f"{name.strip().replace('.', '+')}://" if found and name.strip() else None
 
 
 class RedactingFormatter(logging.Formatter):
