@@ -286,3 +286,81 @@ def test_a_worker_drains_its_queue_while_it_deletes_a_large_backlog(engine: sa.E
         thread.join(timeout=30)
     assert worker.processed == 300
     queue.close()
+
+
+# Two applications, one table -------------------------------------------------------------
+
+
+def test_a_worker_deletes_only_in_the_queues_it_serves(engine: sa.Engine) -> None:
+    # One table holds the queues of two applications: the shop keeps finished tasks a day, the
+    # billing application 90 days.  The shop's worker serves its queues only, and deletes there only.
+    clock = MovableClock()
+    old = clock.now() - timedelta(days=2)
+    add_rows(engine, "shop.mail", 600, tq.TaskStatus.COMPLETED, old)
+    add_rows(engine, "shop.orders", 3, tq.TaskStatus.FAILED, old)
+    add_rows(engine, "billing.invoices", 4, tq.TaskStatus.COMPLETED, old)
+    add_rows(engine, "billing.refunds", 2, tq.TaskStatus.FAILED, old)
+    day = timedelta(days=1)
+    shop = tq.TaskQueue(
+        engine,
+        clock=clock.now,
+        retention={"completed": day, "failed": day},
+        retention_interval=timedelta(seconds=0.1),
+    )
+
+    @shop.task(name="shop.send")
+    def send() -> None:
+        pass
+
+    worker = tq.Worker(
+        shop, queues=["shop.mail", "shop.orders"], concurrency=1, poll_interval=0.1, watchdog=False
+    )
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: "shop.mail" not in counts(engine), 60, "the shop's worker to delete its old tasks")
+        wait_until(lambda: "shop.orders" not in counts(engine), 10, "the shop's old failed tasks to go")
+    finally:
+        worker.stop()
+        thread.join(timeout=30)
+    assert counts(engine) == {"billing.invoices": 4, "billing.refunds": 2}, "the other application's are kept"
+
+    # The billing application's own retention, from a cron job: its queues, its ages.
+    billing = tq.TaskQueue(engine, clock=clock.now, retention={"completed": timedelta(days=90)})
+    billing_queues = ["billing.invoices", "billing.refunds"]
+    assert billing.delete_expired(queues=billing_queues) == 0, "not 90 days old yet"
+    clock.advance(timedelta(days=90))
+    assert billing.delete_expired(queues=billing_queues) == 4, "completed ones only: no age for failed"
+    assert counts(engine) == {"billing.refunds": 2}
+    shop.close()
+    billing.close()
+
+
+def test_a_worker_serving_every_queue_deletes_in_every_queue(engine: sa.Engine) -> None:
+    clock = MovableClock()
+    add_rows(engine, "a", 2, tq.TaskStatus.COMPLETED, clock.now() - timedelta(days=2))
+    add_rows(engine, "b", 3, tq.TaskStatus.COMPLETED, clock.now() - timedelta(days=2))
+    queue = tq.TaskQueue(engine, clock=clock.now, retention={"completed": timedelta(days=1)})
+    assert queue.delete_expired(queues=["a"]) == 2
+    assert counts(engine) == {"b": 3}
+    assert queue.delete_expired() == 3
+    assert counts(engine) == {}
+    queue.close()
+
+
+def test_the_queues_retention_deletes_in_are_checked(engine: sa.Engine) -> None:
+    queue = tq.TaskQueue(engine, retention={"completed": timedelta(days=1)})
+    with pytest.raises(TypeError, match="queues must be a sequence of queue names"):
+        queue.delete_expired(queues="shop")
+    with pytest.raises(ValueError, match="queues must name at least one queue"):
+        queue.delete_expired(queues=[])
+    with pytest.raises(ValueError, match="queue must be a non-empty string"):
+        queue.delete_expired(queues=[""])
+    queue.close()
+
+
+def test_batch_delete_of_some_queues_reads_the_queue_per_database() -> None:
+    status = tq.TaskStatus.COMPLETED
+    for dialect in (mysql.dialect(), postgresql.dialect(), oracle.dialect()):  # type: ignore[no-untyped-call]
+        sql = str(retention.batch_delete(dialect, TABLE, status, 500, ["shop"]).compile(dialect=dialect))
+        assert "queue IN" in sql, sql

@@ -72,6 +72,15 @@ def backend_class(dialect_name: str) -> type[Backend]:
     return BACKENDS.get(dialect_name, BACKENDS[ANY_DIALECT])
 
 
+def dialect_named_by_alias(scheme_name: str) -> str | None:
+    """The dialect name SQLAlchemy has for a database other tools call ``scheme_name``
+    (`Backend.scheme_aliases`: ``postgres`` gives ``postgresql``), else None."""
+    for name, backend in BACKENDS.items():
+        if scheme_name in backend.scheme_aliases:
+            return name
+    return None
+
+
 def known_dialect(dialect: Dialect) -> bool:
     """Whether a backend of its own serves ``dialect``, rather than the default for any other."""
     return dialect.name in BACKENDS and dialect.name != ANY_DIALECT
@@ -143,6 +152,7 @@ __all__ = [
     "backend_class",
     "backend_classes",
     "backend_for",
+    "dialect_named_by_alias",
     "dialects_with",
     "known_dialect",
     "local_file_url",

@@ -175,6 +175,9 @@ class Backend:
     #: its last name) whose connections wait on futures of the event loop
     #: that opened them, so they cannot be used, nor closed gracefully, from another.
     loop_bound_drivers: frozenset[str] = frozenset()
+    #: The names other tools write in a URL's scheme for this database, which
+    #: SQLAlchemy has no dialect for (it answers "Can't load plugin").
+    scheme_aliases: frozenset[str] = frozenset()
     #: The URL's database is a file path, which the driver creates when it
     #: is missing.
     file_database = False

@@ -67,6 +67,8 @@ class PostgreSQLBackend(Backend):
     # asyncpg's connections wait on the futures of the loop that opened them;
     # psycopg's close from any loop.
     loop_bound_drivers = frozenset({"asyncpg"})
+    # libpq, Heroku and Render write postgres://; SQLAlchemy 1.4 dropped that name for postgresql://.
+    scheme_aliases = frozenset({"postgres"})
 
     @property
     def listen(self) -> bool:

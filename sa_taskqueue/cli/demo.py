@@ -15,13 +15,18 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from sa_taskqueue.backends import local_file_url
+from sa_taskqueue.cli.preflight import engine_for_url
 from sa_taskqueue.core.model import TaskMixin, TaskStatus
 from sa_taskqueue.queue import TaskQueue
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
 
 DEFAULT_URL = local_file_url("sa_taskqueue_demo.db")
 
@@ -44,26 +49,37 @@ class DemoRun(DemoBase):
     worker_pid: Mapped[int]
 
 
-def demo_queue(engine: sa.Engine) -> TaskQueue:
-    """The demo's queue, with its one task registered."""
+def demo_queue(engine: sa.Engine | AsyncEngine) -> TaskQueue:
+    """The demo's queue, with its one task registered.
+
+    Every database call of the demo goes through the queue's ``run_sync``,
+    so an asyncio driver's URL works as a synchronous one does.
+    """
     queue = TaskQueue(engine, model=DemoTask, lease=timedelta(seconds=30))
 
     @queue.task(name="demo.square")
     def square(n: int) -> int:
-        with Session(engine) as session:
-            session.add(DemoRun(task_n=n, worker_pid=os.getpid()))
-            session.commit()
+        queue.run_sync(lambda: _record_run(queue.engine, n))
         return n * n
 
     return queue
 
 
-def _worker_process(url: str) -> None:
-    engine = sa.create_engine(url)
-    queue = demo_queue(engine)
-    queue.run_worker(concurrency=2, burst=True, poll_interval=0.05)
+def _record_run(engine: sa.Engine, n: int) -> None:
+    with Session(engine) as session:
+        session.add(DemoRun(task_n=n, worker_pid=os.getpid()))
+        session.commit()
+
+
+def _close(queue: TaskQueue) -> None:
     queue.close()
-    engine.dispose()
+    queue.run_sync(queue.engine.dispose)
+
+
+def _worker_process(url: str) -> None:
+    queue = demo_queue(engine_for_url(url))
+    queue.run_worker(concurrency=2, burst=True, poll_interval=0.05)
+    _close(queue)
 
 
 @dataclass
@@ -84,13 +100,8 @@ def run_demo(
     url: str, tasks: int, workers: int, progress: Callable[[int], None] | None = None
 ) -> DemoSummary:
     """Create the demo tables, enqueue ``tasks`` tasks, drain them with ``workers`` processes."""
-    engine = sa.create_engine(url)
-    DemoBase.metadata.drop_all(engine)
-    DemoBase.metadata.create_all(engine)
-    queue = demo_queue(engine)
-    with Session(engine) as session:
-        queue.enqueue_many(session, "demo.square", ({"n": n} for n in range(tasks)))
-        session.commit()
+    queue = demo_queue(engine_for_url(url))
+    queue.run_sync(lambda: _fill(queue, tasks))
     queue.strategy  # noqa: B018 - resolve (and set up SQLite's WAL) before the workers start
     context = multiprocessing.get_context("spawn")
     processes = [context.Process(target=_worker_process, args=(url,)) for _ in range(workers)]
@@ -99,17 +110,15 @@ def run_demo(
         process.start()
     while any(process.is_alive() for process in processes):
         if progress is not None:
-            progress(_count_runs(engine))
+            progress(queue.run_sync(lambda: _count_runs(queue.engine)))
         time.sleep(0.2)
     seconds = time.perf_counter() - started
     for process in processes:
         process.join()
     if progress is not None:
-        progress(_count_runs(engine))
-    with engine.connect() as conn:
-        runs = conn.execute(sa.select(DemoRun.task_n, DemoRun.worker_pid)).all()
-        statuses = conn.execute(sa.select(DemoTask.status, sa.func.count()).group_by(DemoTask.status)).all()
-    engine.dispose()
+        progress(queue.run_sync(lambda: _count_runs(queue.engine)))
+    runs, statuses = queue.run_sync(lambda: _outcome(queue.engine))
+    _close(queue)
     return DemoSummary(
         tasks=tasks,
         workers=workers,
@@ -118,6 +127,23 @@ def run_demo(
         runs_per_worker=Counter(pid for _, pid in runs),
         statuses=Counter({TaskStatus(status).value: count for status, count in statuses}),
     )
+
+
+def _fill(queue: TaskQueue, tasks: int) -> None:
+    """The demo's tables made afresh, and ``tasks`` tasks in them."""
+    DemoBase.metadata.drop_all(queue.engine)
+    DemoBase.metadata.create_all(queue.engine)
+    with Session(queue.engine) as session:
+        queue.enqueue_many(session, "demo.square", ({"n": n} for n in range(tasks)))
+        session.commit()
+
+
+def _outcome(engine: sa.Engine) -> tuple[list[Any], list[Any]]:
+    """Each run (task, worker pid), and each status's count."""
+    with engine.connect() as conn:
+        runs = list(conn.execute(sa.select(DemoRun.task_n, DemoRun.worker_pid)).all())
+        counts = sa.select(DemoTask.status, sa.func.count()).group_by(DemoTask.status)
+        return runs, list(conn.execute(counts).all())
 
 
 def _count_runs(engine: sa.Engine) -> int:

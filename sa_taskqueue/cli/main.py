@@ -11,33 +11,41 @@ import importlib
 import json
 import logging
 import os
+import socket
 import sys
 import traceback
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 import click
 import sqlalchemy as sa
-from rich.console import Console
 from rich.table import Table as RichTable
 
 from sa_taskqueue import __version__
 from sa_taskqueue.backends import SERVED_BY, backend_for
 from sa_taskqueue.cli import params as cli_params
 from sa_taskqueue.cli.demo import DEFAULT_URL, run_demo
-from sa_taskqueue.cli.preflight import driver_hint, is_driver, missing_database_message
+from sa_taskqueue.cli.preflight import (
+    driver_hint,
+    engine_for_url,
+    is_driver,
+    misnamed_dialect_hint,
+    missing_database_message,
+)
 from sa_taskqueue.cli.render import (
     LISTED_VALUE_LENGTH,
     human_age,
+    output_console,
     print_list,
     print_task,
     row_json,
     rows_json,
 )
 from sa_taskqueue.core import validation
+from sa_taskqueue.core.control import control_table_of
 from sa_taskqueue.core.exceptions import (
     DatabaseBusy,
     DatabaseError,
@@ -47,7 +55,8 @@ from sa_taskqueue.core.exceptions import (
 )
 from sa_taskqueue.core.limits import ColumnLimits
 from sa_taskqueue.core.log_fields import TASK_LOG_FIELDS
-from sa_taskqueue.core.model import TaskStatus
+from sa_taskqueue.core.model import Task, TaskStatus
+from sa_taskqueue.core.model import metadata as library_metadata
 from sa_taskqueue.core.redaction import Redactor, has_unescaped_at
 from sa_taskqueue.core.types import utcnow
 from sa_taskqueue.features import admin, schedules, unique
@@ -57,6 +66,9 @@ from sa_taskqueue.features.pausing import read_paused, set_paused
 from sa_taskqueue.health import HealthThresholds, health_lines
 from sa_taskqueue.queue import TaskQueue
 from sa_taskqueue.worker.worker import DEFAULT_COMPLETION_DELAY
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
 
 URL_ENV = "SA_TASKQUEUE_DATABASE_URL"
 
@@ -126,10 +138,9 @@ def for_people(ctx: click.Context, url: str | sa.URL | None = None) -> Iterator[
         raise Failure(f"the database refused a statement{where}: {_driver_detail(error)}") from error
     except TaskQueueError as error:
         raise Failure(str(error)) from error
-    except sa.exc.ArgumentError as error:
-        raise Failure(f"bad database URL {_safe(url or '')}: {error}") from error
-    except sa.exc.NoSuchModuleError as error:
-        raise Failure(f"unknown database dialect in {_safe(url or '')}: {error}") from error
+    except sa.exc.ArgumentError as error:  # NoSuchModuleError too: no dialect of the URL's name
+        hint = misnamed_dialect_hint(url) if isinstance(error, sa.exc.NoSuchModuleError) else None
+        raise Failure(f"bad database URL {_safe(url or '')}: {hint or error}") from error
     except ModuleNotFoundError as error:
         raise Failure(
             f"a database driver is missing ({error.name}): {driver_hint(error.name, url)}"
@@ -143,6 +154,9 @@ def for_people(ctx: click.Context, url: str | sa.URL | None = None) -> Iterator[
         raise Failure(f"the database refused a statement{where}: {_first_line(error.orig)}") from error
     except sa.exc.SQLAlchemyError as error:
         raise Failure(f"{_first_line(error)}") from error
+    except (ConnectionError, socket.gaierror, TimeoutError) as error:
+        # An asyncio driver's failure to connect can arrive as the socket's own error (asyncpg's).
+        raise Failure(f"cannot use the database{where}: {_first_line(error)}") from error
     except ValueError as error:  # e.g. a URL whose port is not a number
         raise Failure(f"{_first_line(error)}{where}") from error
 
@@ -173,8 +187,9 @@ def _safe(url: str | sa.URL) -> str:
     return redactor.url(url)
 
 
-def _engine(url: str | None) -> sa.Engine:
-    return sa.create_engine(_checked_url(url))
+def _engine(url: str | None) -> sa.Engine | AsyncEngine:
+    """An engine for ``url`` (an `AsyncEngine` for an asyncio driver's: `engine_for_url`)."""
+    return engine_for_url(_checked_url(url))
 
 
 def _checked_url(url: str | None) -> str:
@@ -190,6 +205,16 @@ def _checked_url(url: str | None) -> str:
 def _url_option(func: Callable[..., Any]) -> Callable[..., Any]:
     return click.option(
         "--url", envvar=URL_ENV, callback=_url_before_command, help=f"Database URL (default: ${URL_ENV})."
+    )(func)
+
+
+def _app_option(func: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--app",
+        metavar="MODULE:QUEUE",
+        default=None,
+        help="Act on this TaskQueue's table and database (what `worker APP` loads) instead of --url's "
+        "sa_taskqueue_task.",
     )(func)
 
 
@@ -245,6 +270,12 @@ def load_queue(spec: str) -> TaskQueue:
                 f"{driver_hint(error.name, None)}"
             ) from error
         raise Failure(f"cannot import {module_name!r}: {error}") from error
+    except sa.exc.NoSuchModuleError as error:
+        # The application builds its engine at import, on a URL SQLAlchemy has no dialect for.
+        hint = misnamed_dialect_hint(_dialect_url_of(error))
+        if hint is None:
+            raise Failure(f"importing {module_name!r} failed: {type(error).__name__}: {error}") from error
+        raise Failure(f"cannot import {module_name!r}: its database URL: {hint}") from error
     except Exception as error:
         raise Failure(f"importing {module_name!r} failed: {type(error).__name__}: {error}") from error
     for part in attribute.split("."):
@@ -255,6 +286,13 @@ def load_queue(spec: str) -> TaskQueue:
     if not isinstance(target, TaskQueue):
         raise Failure(f"{spec} is a {type(target).__name__}, not a sa_taskqueue.TaskQueue")
     return target
+
+
+def _dialect_url_of(error: sa.exc.NoSuchModuleError) -> str | None:
+    """The URL scheme SQLAlchemy could not load a dialect for ("sqlalchemy.dialects:postgres.asyncpg"
+    gives ``postgres+asyncpg://``), or None."""
+    _, found, name = str(error).partition("sqlalchemy.dialects:")
+    return f"{name.strip().replace('.', '+')}://" if found and name.strip() else None
 
 
 class RedactingFormatter(logging.Formatter):
@@ -439,23 +477,43 @@ def worker(
 
 
 @cli.command()
-@_url_option
 @click.option("--revision", default="head", show_default=True, help="Migrate to this revision.")
+@_app_option
+@_url_option
 @click.pass_context
-def migrate(ctx: click.Context, url: str | None, revision: str) -> None:
-    """Create or upgrade the task table with the package's alembic migrations."""
+def migrate(ctx: click.Context, revision: str, app: str | None, url: str | None) -> None:
+    """Create or upgrade the library's task table (sa_taskqueue_task) with the package's alembic migrations.
+
+    With --app, in the database of APP's queue, through its engine (unless
+    --url is given on the command line); a queue on a TaskMixin table of the
+    application's own is migrated by the application's own Alembic instead.
+    """
     # Imported here, not at the top: only this command needs alembic (a fifth of a second).
     from alembic.util import CommandError
 
-    from sa_taskqueue.core.migrate import upgrade
-
     with for_people(ctx, url):
-        checked = _checked_url(url)
+        target = _target(ctx, app, url, creating=True)
+    table = target.queue.table
+    if table.metadata is not library_metadata:
+        raise Failure(
+            f"{app} uses a task table of its own, {table.name!r} (a TaskMixin model on the "
+            "application's own metadata), and migrate creates and upgrades only the library's table, "
+            f"{Task.__tablename__!r}, with the library's migrations: create and upgrade {table.name!r} "
+            f"and {control_table_of(table).name!r} with the application's own Alembic "
+            "(alembic revision --autogenerate, then alembic upgrade head)"
+        )
+    with for_people(ctx, target.url):
         try:
-            upgrade(checked, revision)
+            _on_queue(target.queue, _upgrade, revision)
         except CommandError as error:  # e.g. a revision the history does not have
             raise Failure(f"migration failed: {_first_line(error)}") from error
-    click.echo(f"migrated {_safe(checked)} to {revision}")
+    click.echo(f"migrated {_safe(target.url)} to {revision}")
+
+
+def _upgrade(engine: sa.Engine, table: sa.Table, /, revision: str) -> None:
+    from sa_taskqueue.core.migrate import upgrade_engine
+
+    upgrade_engine(engine, revision)
 
 
 # The queue an admin command acts on ------------------------------------------------
@@ -492,35 +550,44 @@ def _database_url(queue: TaskQueue) -> sa.URL:
     return queue.engine.url
 
 
-def _target(ctx: click.Context, app: str | None, url: str | None) -> Target:
+def _target(ctx: click.Context, app: str | None, url: str | None, *, creating: bool = False) -> Target:
     """The queue ``--app`` names (its table, on its database) or the library's own table at ``--url``.
 
     With both, ``--url`` given on the command line (not from the environment)
-    points APP's table at another database: a replica, a staging copy.
+    points APP's table at another database: a replica, a staging copy.  A
+    missing SQLite file is refused unless ``creating`` (`migrate`).
     """
     url_given = _url_typed(ctx)
     if app is None:
-        queue = TaskQueue(_engine(url))
+        queue = _own_queue(ctx, _engine(url))
         loaded = None
     else:
         loaded = load_queue(app)
-        queue = TaskQueue(_engine(url), model=loaded.model) if url_given else loaded
+        queue = _own_queue(ctx, _engine(url), model=loaded.model) if url_given else loaded
     where = _database_url(queue)
-    missing = missing_database_message(where)
+    missing = None if creating else missing_database_message(where)
     if missing is not None:
         # The driver would create an empty file there; only `migrate` should.
         raise Failure(missing)
     return Target(queue, loaded, where)
 
 
-def _app_option(func: Callable[..., Any]) -> Callable[..., Any]:
-    return click.option(
-        "--app",
-        metavar="MODULE:QUEUE",
-        default=None,
-        help="Act on this TaskQueue's table and database (what `worker APP` loads) instead of --url's "
-        "sa_taskqueue_task.",
-    )(func)
+def _own_queue(ctx: click.Context, engine: sa.Engine | AsyncEngine, **options: Any) -> TaskQueue:
+    """A queue on an engine this command made, its connections closed when the command ends.
+
+    (An async engine's are closed on its own loop, where its driver can close them gracefully.)
+    """
+    queue = TaskQueue(engine, **options)
+
+    def close() -> None:
+        # After the command's outcome is printed: a connection that cannot be closed cleanly (a
+        # server gone meanwhile) is let go with the process, not reported over that outcome.
+        with suppress(Exception):
+            queue.close()
+            queue.run_sync(queue.engine.dispose)
+
+    ctx.call_on_close(close)
+    return queue
 
 
 # enqueue, status, list, show, retry, cancel, purge -------------------------------
@@ -657,7 +724,7 @@ def status(ctx: click.Context, app_argument: str | None, app: str | None, url: s
     registered = target.app.task_names if target.app is not None else None
     with for_people(ctx, target.url):
         report = _on_queue(target.queue, _status_report, registered)
-    console = Console()
+    console = output_console()
     table = RichTable(title="tasks")
     statuses = ["queued", "running", "completed", "failed", "cancelled"]
     table.add_column("queue")
@@ -746,7 +813,7 @@ def list_command(
     if as_json:
         click.echo(rows_json(rows, redactor, limit=None if full else LISTED_VALUE_LENGTH))
     else:
-        print_list(Console(), rows, utcnow(), redactor)
+        print_list(output_console(), rows, utcnow(), redactor)
 
 
 @cli.command("schedules")
@@ -792,7 +859,7 @@ def schedules_command(
         )
     if not rows:
         table.add_row("(none registered)", "", "", "", "", "")
-    Console().print(table)
+    output_console().print(table)
 
 
 @cli.command("show")
@@ -812,7 +879,7 @@ def show_command(ctx: click.Context, task_id: int, as_json: bool, app: str | Non
     if as_json:
         click.echo(row_json(row, redactor))
     else:
-        print_task(Console(), row, redactor)
+        print_task(output_console(), row, redactor)
 
 
 @cli.command()
@@ -1126,7 +1193,7 @@ def print_doctor(sections: list[tuple[str, list[str]]]) -> None:
 @click.pass_context
 def demo(ctx: click.Context, tasks: int, workers: int, url: str) -> None:
     """Enqueue TASKS tasks, drain them with WORKERS processes, and summarise."""
-    console = Console()
+    console = output_console()
     console.print(f"sa_taskqueue demo: {tasks} tasks, {workers} worker processes, {_safe(url)}")
     with for_people(ctx, url):
         _checked_url(url)

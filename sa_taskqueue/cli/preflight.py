@@ -10,10 +10,14 @@ package to install).  Each gets one line that says what to do.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 
-from sa_taskqueue.backends import backend_class, backend_classes
+from sa_taskqueue.backends import backend_class, backend_classes, dialect_named_by_alias
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
 
 #: The extra that installs every asyncio driver.
 ASYNC_EXTRA = "async"
@@ -102,6 +106,61 @@ def _is_async(url: sa.URL) -> bool:
     return driver.startswith(("async", "aio")) or driver.endswith("_async")
 
 
+def is_async_url(url: str | sa.URL) -> bool:
+    """Whether ``url`` names an asyncio driver, which only an `AsyncEngine` can drive.
+
+    SQLAlchemy's dialect class says so (``is_async``), without importing the
+    driver; a URL whose dialect cannot be loaded is not async here, and fails
+    later with its own error.
+    """
+    parsed = _parsed(url)
+    if parsed is None:
+        return False
+    try:
+        return bool(parsed.get_dialect().is_async)
+    except Exception:  # noqa: BLE001 - an unknown dialect: the engine's creation says what is wrong
+        return False
+
+
+def engine_for_url(url: str) -> sa.Engine | AsyncEngine:
+    """An engine for ``url``: an `AsyncEngine` when the URL names an asyncio driver.
+
+    A queue runs an async engine's calls on the engine's own event loop
+    (`TaskQueue.run_sync`), so a command works on an async URL through the
+    driver it names, as on an application whose only engine is async: no
+    second, synchronous driver need be installed.
+    """
+    if is_async_url(url):
+        from sqlalchemy.ext.asyncio import create_async_engine  # only an async URL needs it
+
+        return create_async_engine(url)
+    return sa.create_engine(url)
+
+
+def misnamed_dialect_hint(url: str | sa.URL | None) -> str | None:
+    """What to write instead when ``url``'s scheme names a database as other tools do (``postgres://``).
+
+    None when the scheme is not such a name.
+    """
+    parsed = _parsed(url)
+    if parsed is None:
+        return None
+    written, _, driver = parsed.drivername.partition("+")
+    name = dialect_named_by_alias(written)
+    if name is None:
+        return None
+    backend = backend_class(name)
+    if driver:
+        scheme = f"{name}+{driver}://"
+    elif backend.unnamed_driver is not None:
+        scheme = backend.unnamed_driver[1]
+    else:
+        scheme = f"{name}://"
+    extra = backend.driver_extra if not driver else None
+    install = f" (pip install 'sa_taskqueue[{extra}]')" if extra else ""
+    return f"SQLAlchemy calls {backend.label} {name}, not {written}: write the URL as {scheme}...{install}"
+
+
 def is_driver(module: str | None) -> bool:
     """Whether ``module`` is a database driver an extra of this package installs."""
     top = (module or "").split(".")[0]
@@ -111,7 +170,10 @@ def is_driver(module: str | None) -> bool:
 __all__ = [
     "ASYNC_EXTRA",
     "driver_hint",
+    "engine_for_url",
+    "is_async_url",
     "is_driver",
+    "misnamed_dialect_hint",
     "missing_database_file",
     "missing_database_message",
 ]

@@ -55,6 +55,21 @@ _BLOCKS = ("params", "result", "last_error")
 _LABELS = {"locked_by": "lease holder", "locked_until": "lease ends", "last_error": "last error"}
 
 
+#: A width no row reaches: what a table printed to a pipe or a file may take.
+_UNBOUNDED_WIDTH = 1_000_000
+
+
+def output_console() -> Console:
+    """Where the commands print: the terminal, at its width; anything else (a pipe, a file), unbounded.
+
+    Off a terminal rich assumes 80 columns and cuts a table's cells to fit
+    (``shop.…``), so ``sa-taskqueue list | grep shop.orders`` would miss the
+    very rows it looks for; there a table is as wide as its longest cell.
+    """
+    console = Console()
+    return console if console.is_terminal else Console(width=_UNBOUNDED_WIDTH)
+
+
 def human_age(age: timedelta) -> str:
     """``12.0s``, ``3.5m``, ``2.0h``, ``4.1d``: how long ago, at a glance."""
     seconds = age.total_seconds()
@@ -227,6 +242,7 @@ __all__ = [
     "human_age",
     "json_value",
     "listed_row",
+    "output_console",
     "print_list",
     "print_task",
     "row_json",

@@ -14,6 +14,7 @@ from sqlalchemy import Engine, Table, inspect
 from sqlalchemy import exc as sa_exc
 
 from sa_taskqueue.backends import backend_for
+from sa_taskqueue.core.model import metadata as library_metadata
 
 
 class TaskQueueError(Exception):
@@ -175,12 +176,8 @@ def _translated(
     busy = backend.busy(driver_error)
     if busy is not None:
         return DatabaseBusy(busy)
-    missing_table = _is(error, orig, "OperationalError", "ProgrammingError") and not _has_table(engine, table)
-    if missing_table:
-        return SchemaMissing(
-            f"the task table {table.name!r} does not exist: "
-            "run `sa-taskqueue migrate` (or `alembic upgrade head`)"
-        )
+    if is_missing_table(error, engine, table):
+        return schema_missing(table)
     # Only a failure of the database or the connection is an outage, worth
     # retrying; a statement refused for what it asks (OperationalError is
     # also where drivers file "too many columns" or an unknown column) would
@@ -195,6 +192,62 @@ def _translated(
     if outage:
         return DatabaseUnavailable(f"the database is unavailable: {detail}")
     return DatabaseError(f"the database refused a statement: {detail}")
+
+
+def schema_missing(table: Table) -> SchemaMissing:
+    """The error for a task table that is not there, saying how to create it.
+
+    The library's own table is made by its migrations (``sa-taskqueue
+    migrate``); a `TaskMixin` table on the application's own Base, by the
+    application's own Alembic history, which ``migrate`` does not run.
+    """
+    if table.metadata is library_metadata:
+        how = "run `sa-taskqueue migrate` (or `alembic upgrade head`)"
+    else:
+        how = (
+            "create it with the application's own migrations (`alembic upgrade head`); "
+            "`sa-taskqueue migrate` makes only the library's table"
+        )
+    return SchemaMissing(f"the task table {table.name!r} does not exist: {how}")
+
+
+def is_missing_table(error: BaseException, engine: Engine, table: Table) -> bool:
+    """Whether ``error`` (SQLAlchemy's, or the driver's own) came of ``table`` not being there.
+
+    Drivers file "no such table" under OperationalError or ProgrammingError,
+    beside many other failures, so the database is asked whether it has it.
+    """
+    orig = error.orig if isinstance(error, sa_exc.DBAPIError) else None
+    if not _is(error, orig, "OperationalError", "ProgrammingError"):
+        return False
+    invalidated = isinstance(error, sa_exc.DBAPIError) and error.connection_invalidated
+    backend = backend_for(engine.dialect)
+    driver_error = orig if orig is not None else error
+    if invalidated or backend.busy(driver_error) is not None or backend.outage(driver_error):
+        # A lost connection or a lock wait is no missing table, and asking would wait again.
+        return False
+    return not _has_table(engine, table)
+
+
+@contextmanager
+def missing_table_errors(engine: Engine, table: Table) -> Iterator[None]:
+    """`SchemaMissing` for an error the task table's absence caused, the driver's error as its cause.
+
+    Any other error passes as it was raised: around an enqueue into the
+    caller's session, it may be about rows of the caller's own that the
+    same flush wrote, and those errors are the caller's to handle.
+    """
+    dbapi = getattr(engine.dialect, "dbapi", None)
+    driver_error: type[BaseException] = getattr(dbapi, "Error", sa_exc.DBAPIError)
+    try:
+        yield
+    except TaskQueueError:
+        raise
+    except (sa_exc.DBAPIError, driver_error) as error:
+        if not is_missing_table(error, engine, table):
+            raise
+        cause = error.orig if isinstance(error, sa_exc.DBAPIError) else error
+        raise schema_missing(table) from cause
 
 
 def _is(error: BaseException, orig: BaseException | None, *kinds: str) -> bool:
@@ -289,5 +342,8 @@ __all__ = [
     "TaskNotRegistered",
     "TaskQueueError",
     "TaskResultError",
+    "is_missing_table",
+    "missing_table_errors",
+    "schema_missing",
     "translate_database_errors",
 ]

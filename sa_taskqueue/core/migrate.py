@@ -80,21 +80,35 @@ def downgrade(url: str, revision: str = "base") -> None:
     _run(alembic.command.downgrade, url, revision)
 
 
+def upgrade_engine(engine: sa.Engine, revision: str = "head") -> None:
+    """Migrate the task table up to `revision` through a connection of `engine` (an application's own).
+
+    The engine's pool and connect arguments serve the migration too.  An
+    `AsyncEngine`'s ``sync_engine`` connects only on its event loop: run
+    this there, through `TaskQueue.run_sync` (as ``sa-taskqueue migrate --app`` does).
+    """
+    _run_on(engine, alembic.command.upgrade, revision, engine.url.render_as_string(hide_password=False))
+
+
 def _run(step: Callable[[Config, str], None], url: str, revision: str) -> None:
-    # A connection of our own, handed to env.py through config.attributes, so
-    # the `url` argument is the database migrated even when the environment
-    # names another; one transaction, committed only if every step succeeded
-    # (on databases with transactional DDL).
-    config = alembic_config(url)
     engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
     # A migration run beside a writing application waits for it as a queue would.
     backend_for(engine.dialect).configure_engine(engine)
     try:
-        with engine.begin() as connection:
-            config.attributes["connection"] = connection
-            step(config, revision)
+        _run_on(engine, step, revision, url)
     finally:
         engine.dispose()
+
+
+def _run_on(engine: sa.Engine, step: Callable[[Config, str], None], revision: str, url: str) -> None:
+    # A connection of our own, handed to env.py through config.attributes, so
+    # the engine's database is the one migrated even when the environment
+    # names another; one transaction, committed only if every step succeeded
+    # (on databases with transactional DDL).
+    config = alembic_config(url)
+    with engine.begin() as connection:
+        config.attributes["connection"] = connection
+        step(config, revision)
 
 
 def include_object(obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any) -> bool:
@@ -132,4 +146,5 @@ __all__ = [
     "migrations_path",
     "render_item",
     "upgrade",
+    "upgrade_engine",
 ]

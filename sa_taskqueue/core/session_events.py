@@ -28,11 +28,13 @@ from collections.abc import Iterable
 from functools import cache
 from typing import Any
 
-from sqlalchemy import Table, event, inspect
+from sqlalchemy import Engine, Insert, Table, event, inspect
+from sqlalchemy.engine import ExceptionContext
 from sqlalchemy.orm import Session, UOWTransaction
 from sqlalchemy.orm.state import InstanceState
 
 from sa_taskqueue.core import at_commit
+from sa_taskqueue.core.exceptions import is_missing_table, schema_missing
 from sa_taskqueue.core.limits import ColumnLimits
 from sa_taskqueue.core.model import TaskMixin
 from sa_taskqueue.core.notify import notify_enqueued
@@ -65,6 +67,40 @@ def notify_task_rows(session: Session, flush_context: UOWTransaction) -> None:
             queues.setdefault(table, set()).add(_queue_of(instance, table) or "")
     for table, names in queues.items():
         notify_enqueued(session, table, names)
+
+
+def missing_task_table(context: ExceptionContext) -> None:
+    """``handle_error``: an INSERT into a task table that is not there raises `SchemaMissing`.
+
+    A flush that writes an added task row (``session.add(Task(...))``, then
+    ``commit``) raises from inside SQLAlchemy, past any code of ours; this
+    engine event is the one place such an error passes through, for every
+    engine, before it reaches the application.  SQLAlchemy keeps the driver's
+    error as the cause.  Any other statement's error, and any INSERT's that
+    is not about a missing task table, passes unchanged; the check costs
+    nothing until a statement fails.
+    """
+    compiled = getattr(context.execution_context, "compiled", None)
+    statement = getattr(compiled, "statement", None)
+    if not isinstance(statement, Insert) or not isinstance(statement.table, Table):
+        return
+    table = statement.table
+    if context.engine is None or not _is_task_table(table):
+        return
+    error = context.sqlalchemy_exception or context.original_exception
+    if is_missing_table(error, context.engine, table):
+        raise schema_missing(table)
+
+
+def _is_task_table(table: Table) -> bool:
+    """Whether a `TaskMixin` model is mapped to ``table``."""
+    pending: list[type[Any]] = [TaskMixin]
+    while pending:
+        model = pending.pop()
+        if getattr(model, "__table__", None) is table:
+            return True
+        pending.extend(model.__subclasses__())
+    return False
 
 
 def _check(instance: TaskMixin, values: dict[str, Any], *, new: bool) -> None:
@@ -129,7 +165,9 @@ def listen() -> None:
         event.listen(Session, "before_flush", check_task_rows)
     if not event.contains(Session, "after_flush", notify_task_rows):
         event.listen(Session, "after_flush", notify_task_rows)
+    if not event.contains(Engine, "handle_error", missing_task_table):
+        event.listen(Engine, "handle_error", missing_task_table)
     at_commit.listen()
 
 
-__all__ = ["check_task_rows", "listen", "notify_task_rows"]
+__all__ = ["check_task_rows", "listen", "missing_task_table", "notify_task_rows"]

@@ -8,6 +8,11 @@ second and a minute).  One worker at a time: it holds a lease, the row
 ``("retention", <task table>)`` of the control table, taken and renewed by a
 conditional UPDATE; a worker that dies holding it leaves it to run out.
 
+A worker deletes in the queues it serves, and only there: one task table
+may hold the queues of several applications, each with retention of its
+own (or none), and a worker's settings are its application's.  A worker
+serving every queue deletes in every queue of the table.
+
 Each batch is one DELETE of at most ``batch_size`` rows (500 by default),
 committed on its own, found through the index ``ix_<table>_finished``
 (status, finished_at): no long transaction, no lock held across batches,
@@ -18,12 +23,12 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from threading import Event
 from typing import Any
 
-from sqlalchemy import Delete, Engine, Table, bindparam, delete, or_, select, update
+from sqlalchemy import ColumnElement, Delete, Engine, Table, bindparam, delete, or_, select, update
 from sqlalchemy.engine import Dialect
 
 from sa_taskqueue.backends import backend_for
@@ -73,18 +78,40 @@ def default_interval(ages: Ages) -> timedelta:
     return max(MIN_INTERVAL, min(MAX_INTERVAL, min(ages.values()) / 10))
 
 
+def check_queues(queues: Any) -> list[str] | None:
+    """``queues`` as a list of queue names (None: every queue), or a clear error."""
+    if queues is None:
+        return None
+    if isinstance(queues, str) or not isinstance(queues, Sequence):
+        raise TypeError(f"queues must be a sequence of queue names, not {queues!r}")
+    names = list(queues)
+    for name in names:
+        validation.check_queue_name(name)
+    if not names:
+        raise ValueError("queues must name at least one queue (None: every queue)")
+    return names
+
+
 def check_interval(interval: Any) -> timedelta:
     if not isinstance(interval, timedelta) or interval <= timedelta(0):
         raise ValueError(f"retention_interval must be a positive timedelta, got {interval!r}")
     return interval
 
 
-def batch_delete(dialect: Dialect, table: Table, status: TaskStatus, batch_size: int) -> Delete:
-    """One batch: at most ``batch_size`` rows of ``status`` finished before the bound cutoff."""
-    old = (
+def batch_delete(
+    dialect: Dialect, table: Table, status: TaskStatus, batch_size: int, queues: Sequence[str] | None = None
+) -> Delete:
+    """One batch: at most ``batch_size`` rows of ``status`` finished before the bound cutoff.
+
+    Only rows of ``queues``, when given (None: every queue).
+    """
+    old: tuple[ColumnElement[bool], ...] = (
         has_status(table, status),  # a literal, so that the partial index serves it
         table.c.finished_at < bindparam(CUTOFF, type_=table.c.finished_at.type),
     )
+    if queues is not None:
+        # Read from the rows the index finds: the queue is not in it.
+        old = (*old, table.c.queue.in_(list(queues)))
     if backend_for(dialect).delete_with_limit:
         # MySQL, MariaDB: DELETE ... LIMIT n (the IN subquery may not be limited).
         return backend_for(dialect).limit_delete(delete(table).where(*old), batch_size)
@@ -144,9 +171,11 @@ def delete_expired(
     batch_size: int = DEFAULT_BATCH_SIZE,
     stop: Event | None = None,
     on_batch: Callable[[int], None] | None = None,
+    queues: Sequence[str] | None = None,
 ) -> int:
     """Delete the rows older than their status's age, batch after batch, under the lease; how many.
 
+    Only rows of ``queues``, when given (None: every queue of ``table``).
     0 at once when another holder has the lease.  Stops when nothing old is
     left, when the lease is lost, or when ``stop`` is set; the lease is
     given up at the end.  ``on_batch`` is told each batch's count.
@@ -156,7 +185,7 @@ def delete_expired(
     deleted = 0
     try:
         for status, age in ages.items():
-            statement = batch_delete(engine.dialect, table, status, batch_size)
+            statement = batch_delete(engine.dialect, table, status, batch_size, queues)
             while stop is None or not stop.is_set():
                 now = clock()
                 if not take_lease(engine, table, holder, now, create=False):
@@ -194,9 +223,13 @@ class Retention:
         elif self.ages:
             self.interval = default_interval(self.ages)
 
-    def delete_expired(self, *, batch_size: int, holder: str | None, stop: Event | None) -> int:
-        """`delete_expired` of this queue's table, under a lease held in a name of this run's own."""
+    def delete_expired(
+        self, *, batch_size: int, holder: str | None, stop: Event | None, queues: Sequence[str] | None = None
+    ) -> int:
+        """`delete_expired` of this queue's table (of ``queues`` in it, if given), under a lease
+        held in a name of this run's own."""
         validation.check_positive_int("batch_size", batch_size)
+        only = check_queues(queues)
         if not self.ages:
             return 0
         context = self._context
@@ -214,6 +247,7 @@ class Retention:
                     clock=context.clock,
                     batch_size=batch_size,
                     stop=stop,
+                    queues=only,
                 )
             )
 
@@ -222,8 +256,9 @@ class RetentionService:
     """A worker's retention `Service`: deletes expired finished tasks every interval, beside the claim loop.
 
     ``delete_expired`` is the queue's (`TaskQueue.delete_expired`), run under
-    ``holder``; it stops with the claims (``stop_claiming``), not with the
-    last writes, so a shutdown deletes nothing more.  ``unavailable`` is told
+    ``holder`` on the worker's ``queues`` (None: every queue); it stops with
+    the claims (``stop_claiming``), not with the last writes, so a shutdown
+    deletes nothing more.  ``unavailable`` is told
     of an outage (the worker says so once), any other error is logged and
     tried again at the next interval.
     """
@@ -237,8 +272,10 @@ class RetentionService:
         holder: str,
         stop_claiming: Event,
         unavailable: Callable[[DatabaseUnavailable, float, str], None],
+        queues: Sequence[str] | None = None,
     ) -> None:
         self._delete_expired = delete_expired
+        self._queues = None if queues is None else list(queues)
         self._interval = interval
         self._holder = holder
         self._stop = stop_claiming
@@ -249,7 +286,7 @@ class RetentionService:
         stop = self._stop
         while not stop.is_set() and not stopping.is_set():
             try:
-                deleted = self._delete_expired(holder=self._holder, stop=stop)
+                deleted = self._delete_expired(holder=self._holder, stop=stop, queues=self._queues)
             except DatabaseUnavailable as error:
                 self._unavailable(error, interval, self.name)
             except Exception:
@@ -270,6 +307,7 @@ __all__ = [
     "RetentionService",
     "batch_delete",
     "check_interval",
+    "check_queues",
     "check_retention",
     "default_interval",
     "delete_expired",

@@ -7,9 +7,10 @@ INSERTs or COPY for `enqueue_many`) and exist exactly when it commits.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
-from typing import Any, cast
+from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 
 from sqlalchemy.orm import Session
 
@@ -17,12 +18,34 @@ from sa_taskqueue.core import validation
 from sa_taskqueue.core.at_commit import emit_at_commit
 from sa_taskqueue.core.bulk_insert import insert_rows
 from sa_taskqueue.core.events import EventKind, EventStream, TaskEvent
+from sa_taskqueue.core.exceptions import missing_table_errors
 from sa_taskqueue.core.model import TaskMixin
 from sa_taskqueue.core.notify import notify_enqueued
 from sa_taskqueue.core.registered import RegisteredTask
 from sa_taskqueue.core.task_rows import TaskRows
 from sa_taskqueue.features import unique
 from sa_taskqueue.queue.parts import QueueParts
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _schema_missing_named(
+    write: Callable[Concatenate[Enqueuing, P], R],
+) -> Callable[Concatenate[Enqueuing, P], R]:
+    """``write``, raising `SchemaMissing` (with the migrate hint) when the task table is not there.
+
+    Every enqueue writes through `Enqueuing.add` or `Enqueuing.insert`, so
+    each path (``enqueue``, a task's ``.enqueue``, ``enqueue_many``, their
+    async forms) says the same thing, and never the driver's own error.
+    """
+
+    @functools.wraps(write)
+    def writing(self: Enqueuing, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        with missing_table_errors(self._parts.engine, self._parts.table):
+            return write(self, *args, **kwargs)
+
+    return writing
 
 
 class Enqueuing:
@@ -40,6 +63,7 @@ class Enqueuing:
         self._tasks = tasks
         self._events = events
 
+    @_schema_missing_named
     def add(self, session: Session, values: dict[str, Any]) -> TaskMixin:
         """One task row added to ``session`` and flushed (a held unique key returns the task holding it)."""
         if "unique_key" in values:
@@ -54,6 +78,7 @@ class Enqueuing:
             self._enqueued_at_commit(session, [(task.id, values)])
         return task
 
+    @_schema_missing_named
     def insert(
         self, session: Session, rows: Sequence[Mapping[str, Any]], chunk_size: int
     ) -> list[int] | None:

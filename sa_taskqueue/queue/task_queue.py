@@ -530,16 +530,19 @@ class TaskQueue(ClaimsAndOutcomes, LiveWorkersListing):
         batch_size: int = retention_rows.DEFAULT_BATCH_SIZE,
         holder: str | None = None,
         stop: threading.Event | None = None,
+        queues: Sequence[str] | None = None,
     ) -> int:
         """Delete finished tasks older than ``retention`` says, in batches; return how many.
 
-        What workers run every ``retention_interval``; a test or a cron job
-        may call it too.  One caller at a time deletes (a lease in the
-        control table): while another holds it this returns 0 at once.
+        What workers run every ``retention_interval``, on the queues each
+        serves; a test or a cron job may call it too.  Given ``queues``, only
+        tasks of those queues are deleted (None: of every queue in the
+        table).  One caller at a time deletes (a lease in the control
+        table): while another holds it this returns 0 at once.
         ``finished_at`` is compared with the queue's clock.  Each batch of at
         most ``batch_size`` rows commits on its own.
         """
-        return self._retention.delete_expired(batch_size=batch_size, holder=holder, stop=stop)
+        return self._retention.delete_expired(batch_size=batch_size, holder=holder, stop=stop, queues=queues)
 
     # Worker ----------------------------------------------------------------
 

@@ -139,8 +139,14 @@ class WorkerQueue(TransactionalQueue, ScheduleSource, Protocol):
     def recheck_limited(self) -> None:
         """The next claim looks for tasks with a concurrency limit again."""
 
-    def delete_expired(self, *, holder: str | None = None, stop: threading.Event | None = None) -> int:
-        """Delete expired finished tasks, one caller at a time: how many were deleted."""
+    def delete_expired(
+        self,
+        *,
+        holder: str | None = None,
+        stop: threading.Event | None = None,
+        queues: Sequence[str] | None = None,
+    ) -> int:
+        """Delete expired finished tasks (of ``queues``, if given), one caller at a time: how many."""
 
     def event_loop(self) -> asyncio.AbstractEventLoop:
         """The loop an async engine's calls run on (only for an async engine)."""

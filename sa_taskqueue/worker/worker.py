@@ -374,6 +374,7 @@ class Worker:
                     self.worker_id,
                     self._state.stopping,
                     self._outages.trouble,
+                    queues=self.queues,  # a worker deletes in the queues it serves, and only there
                 )
             )
         if self._listening and can_listen(self.queue.engine):
