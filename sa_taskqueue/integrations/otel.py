@@ -63,7 +63,7 @@ class OpenTelemetryMetrics(EventMetrics):
     The global meter provider's unless ``meter_provider`` is given.  The
     instruments, their units and attributes are `PrometheusMetrics`' (an
     OpenTelemetry Prometheus exporter shows the same names): counters
-    ``sa_taskqueue.tasks.enqueued``, ``.tasks.claimed``, ``.tasks.finished``
+    ``sa_taskqueue.tasks.enqueued``, ``.tasks.finished``
     and ``.statements``; histograms in seconds ``sa_taskqueue.task.duration``,
     ``.task.queue_wait`` and ``.statement.duration``; and observable gauges
     read from the tables at collection (``sa_taskqueue.queue.depth``,
@@ -93,9 +93,6 @@ class OpenTelemetryMetrics(EventMetrics):
         self.tasks_enqueued = meter.create_counter(
             "sa_taskqueue.tasks.enqueued", "{task}", "Tasks enqueued by this process, once committed."
         )
-        self.tasks_claimed = meter.create_counter(
-            "sa_taskqueue.tasks.claimed", "{task}", "Tasks claimed by this process's workers."
-        )
         self.tasks_finished = meter.create_counter(
             "sa_taskqueue.tasks.finished",
             "{task}",
@@ -110,7 +107,8 @@ class OpenTelemetryMetrics(EventMetrics):
         self.task_queue_wait = meter.create_histogram(
             "sa_taskqueue.task.queue_wait",
             "s",
-            "How long a task waited to be claimed once due (claim time minus run_at).",
+            "How long a run waited to be claimed once its task was due (claim time minus run_at), "
+            "recorded with the run's outcome.",
             explicit_bucket_boundaries_advisory=WAIT_BUCKETS,
         )
         self.statements = meter.create_counter(
@@ -167,9 +165,7 @@ class OpenTelemetryMetrics(EventMetrics):
         self.tasks_enqueued.add(1, self._attrs("queue", queue, "task", task))
 
     def claimed(self, queue: str, task: str, wait: float) -> None:
-        attributes = self._attrs("queue", queue, "task", task)
-        self.tasks_claimed.add(1, attributes)
-        self.task_queue_wait.record(wait, attributes)
+        self.task_queue_wait.record(wait, self._attrs("queue", queue, "task", task))
 
     def finished(self, queue: str, task: str, outcome: str, duration: float | None) -> None:
         self.tasks_finished.add(1, self._attrs("queue", queue, "task", task, "outcome", outcome))
