@@ -32,9 +32,11 @@ from opentelemetry.propagate import get_global_textmap
 from opentelemetry.propagators.textmap import TextMapPropagator
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, TracerProvider
 
+from sa_taskqueue.core import session_events
 from sa_taskqueue.core.claimed import ClaimKey
 from sa_taskqueue.core.error_text import error_message
 from sa_taskqueue.core.events import EnqueueEvent, EventKind, EventStream, TaskEvent
+from sa_taskqueue.core.model import TaskMixin
 from sa_taskqueue.features.queue_gauges import DEFAULT_INTERVAL, GaugeMode, GaugeReader, QueueGauges
 from sa_taskqueue.integrations.task_metrics import (
     DURATION_BUCKETS,
@@ -246,6 +248,7 @@ class OpenTelemetryTracing:
         propagator: TextMapPropagator | None = None,
     ) -> None:
         self.events: EventStream = queue.events
+        self.table = queue.table
         self.tracer: Tracer = trace.get_tracer(SCOPE, _version(), tracer_provider)
         self._propagator = propagator
         self._runs: dict[ClaimKey, Span] = {}
@@ -260,6 +263,7 @@ class OpenTelemetryTracing:
                     self.events.subscribe(self._enqueuing, [EventKind.ENQUEUING]),
                     self.events.subscribe(self._started, [EventKind.STARTED]),
                     self.events.subscribe(self._ended, list(_RUN_ENDS)),
+                    session_events.add_row_headers(self._added_row),
                 ]
         return self
 
@@ -307,6 +311,28 @@ class OpenTelemetryTracing:
             span.end()
 
         event.written.append(written)
+
+    def _added_row(self, row: TaskMixin) -> dict[str, str] | None:
+        """A row of this queue's table from ``session.add``: a ``send`` span, its context in the headers."""
+        if getattr(type(row), "__table__", None) is not self.table:
+            return None
+        queue = row.queue if isinstance(row.queue, str) else "default"  # (the column's default, at INSERT)
+        attributes = {
+            "messaging.system": MESSAGING_SYSTEM,
+            "messaging.destination.name": queue,
+            "messaging.operation.type": "send",
+            "messaging.operation.name": "send",
+            "sa_taskqueue.task.name": str(row.name),
+        }
+        span = self.tracer.start_span(f"send {queue}", kind=SpanKind.PRODUCER, attributes=attributes)
+        try:
+            if not span.get_span_context().is_valid:
+                return None
+            headers: dict[str, str] = {}
+            self.propagator.inject(headers, context=trace.set_span_in_context(span))
+            return headers
+        finally:
+            span.end()  # (the row's id comes with the flush: the span says which task by its name only)
 
     def _started(self, event: TaskEvent) -> None:
         task = event.task
