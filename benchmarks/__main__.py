@@ -957,7 +957,40 @@ def observability_section(run: Run) -> dict[str, Any]:
                 )
     run.console.print(table)
     print_cost_table(run, costs, rows)
-    return {"observability": rows}
+    return {"observability": rows, "observability_worker_cost": observability_worker_cost(run)}
+
+
+def observability_worker_cost(run: Run) -> list[dict[str, Any]]:
+    """The worker's own CPU a task with metrics and tracing off and on, its claims answered from memory.
+
+    Without a database the figure is the library's own work and the SDK's, free of the server's noise:
+    what observing adds to each task, to set beside a drain's client CPU a task.
+    """
+    tasks = run.args.worker_cost_tasks
+    table = new_table(
+        f"the worker's own cost with metrics and tracing off and on, {tasks:,} no-op tasks, claims and "
+        f"completions answered from memory, client CPU µs a task, median (min-max) of {run.args.repeats}",
+        ("B", *MODES, *(f"{mode} - off" for mode in MODES[1:])),
+    )
+    rows = []
+    for b in run.batches:
+        cpu: dict[str, list[float]] = {mode: [] for mode in MODES}
+        for _ in range(run.args.repeats):
+            for mode in MODES:
+                cpu[mode].append(worker_cost(tasks, b, mode).cpu_per_task_us)
+        row: dict[str, Any] = {"batch": b, "tasks": tasks}
+        for mode in MODES:
+            row[mode] = spread(cpu[mode])
+        for mode in MODES[1:]:
+            row[f"{mode}_added_us"] = row[mode]["median"] - row["off"]["median"]
+        rows.append(row)
+        table.add_row(
+            str(b),
+            *(f"{row[mode]['median']:.1f} ({row[mode]['min']:.1f}-{row[mode]['max']:.1f})" for mode in MODES),
+            *(f"{row[f'{mode}_added_us']:+.1f}" for mode in MODES[1:]),
+        )
+    run.console.print(table)
+    return rows
 
 
 SECTION_RUNNERS: dict[str, Callable[[Run], dict[str, Any]]] = {

@@ -35,7 +35,7 @@ MODES = ("off", "metrics", "on")
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 
-def _observe(queue: Any, mode: str) -> Any:
+def observe(queue: Any, mode: str) -> Any:
     """Metrics, and tracing for ``on``, attached to ``queue``; the tracer provider, to flush at the end."""
     from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
@@ -63,7 +63,7 @@ def _worker(mode: str, url: str, batch: int, ready: Any, go: Any, results: Any) 
     engine = sa.create_engine(url)
     queue = tq.TaskQueue(engine, lease=timedelta(minutes=5))
     queue.task(name="noop")(lambda: None)
-    provider = _observe(queue, mode) if mode != "off" else None
+    provider = observe(queue, mode) if mode != "off" else None
     queue.strategy  # noqa: B018 - connect and pick the strategy before the clock starts
     ready.release()
     go.wait()

@@ -30,10 +30,9 @@ from opentelemetry import metrics, trace
 from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider, Observation
 from opentelemetry.propagate import get_global_textmap
 from opentelemetry.propagators.textmap import TextMapPropagator
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, TracerProvider
+from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer, TracerProvider
 
 from sa_taskqueue.core import session_events
-from sa_taskqueue.core.claimed import ClaimKey
 from sa_taskqueue.core.error_text import error_message
 from sa_taskqueue.core.events import EnqueueEvent, EventKind, EventStream, TaskEvent
 from sa_taskqueue.core.model import TaskMixin
@@ -228,9 +227,10 @@ class OpenTelemetryTracing:
       it is called, ended once the rows are in the session.  Its context is
       stored with the tasks, in ``headers``.
     - Each run is a CONSUMER span named ``process <queue>``, from the task's
-      start to its written outcome, whose parent is the context its headers
+      claim to its written outcome, whose parent is the context its headers
       carry (a task enqueued with no trace context starts a trace of its own).
-      A failure sets the span's status to ERROR and records the exception.
+      A failure sets the span's status to ERROR and records the exception; a
+      success leaves it unset.
 
     Spans carry the messaging conventions' attributes: ``messaging.system``
     (``sa_taskqueue``), ``messaging.destination.name`` (the queue),
@@ -251,7 +251,11 @@ class OpenTelemetryTracing:
         self.table = queue.table
         self.tracer: Tracer = trace.get_tracer(SCOPE, _version(), tracer_provider)
         self._propagator = propagator
-        self._runs: dict[ClaimKey, Span] = {}
+        self._process_attributes: dict[str, Any] = {
+            "messaging.system": MESSAGING_SYSTEM,
+            "messaging.operation.type": "process",
+            "messaging.operation.name": "process",
+        }
         self._lock = threading.Lock()
         self._unsubscribe: list[Callable[[], None]] = []
 
@@ -261,21 +265,17 @@ class OpenTelemetryTracing:
             if not self._unsubscribe:
                 self._unsubscribe = [
                     self.events.subscribe(self._enqueuing, [EventKind.ENQUEUING]),
-                    self.events.subscribe(self._started, [EventKind.STARTED]),
                     self.events.subscribe(self._ended, list(_RUN_ENDS)),
                     session_events.add_row_headers(self._added_row),
                 ]
         return self
 
     def detach(self) -> None:
-        """Stop making spans; the spans of runs still going end now."""
+        """Stop making spans (a run whose outcome comes later gets none)."""
         with self._lock:
             for unsubscribe in self._unsubscribe:
                 unsubscribe()
             self._unsubscribe = []
-            running, self._runs = list(self._runs.values()), {}
-        for span in running:
-            span.end()
 
     def __enter__(self) -> OpenTelemetryTracing:
         return self.attach()
@@ -334,42 +334,37 @@ class OpenTelemetryTracing:
         finally:
             span.end()  # (the row's id comes with the flush: the span says which task by its name only)
 
-    def _started(self, event: TaskEvent) -> None:
+    def _ended(self, event: TaskEvent) -> None:
+        """A run's span, made whole once its outcome is written: from its claim to that outcome.
+
+        Made at the end rather than at the start, the span costs the worker
+        no event at the start and no table of the spans open: its start time
+        is the claim's (``started_at``), its end now.
+        """
         task = event.task
-        if task is None:
-            return
-        parent = None
-        if task.raw_headers is not None:
-            parent = self.propagator.extract(task.headers, context=otel_context.Context())
+        if task is None or (event.kind is EventKind.GIVEN_BACK and event.duration is None):
+            return  # (a task given back before it started had no run)
+        raw = task.raw_headers
+        parent = self.propagator.extract(task.headers, context=_EMPTY) if raw is not None else _EMPTY
+        attributes = dict(self._process_attributes)
+        attributes["messaging.destination.name"] = task.queue
+        attributes["messaging.message.id"] = str(task.id)
+        attributes["sa_taskqueue.task.name"] = task.name
+        attributes["sa_taskqueue.task.attempt"] = task.attempts
+        kind = event.kind
+        if kind is EventKind.LEASE_LOST or kind is EventKind.GIVEN_BACK:
+            attributes["sa_taskqueue.task.outcome"] = str(kind)
+        elif kind is not EventKind.SUCCEEDED:
+            attributes["sa_taskqueue.task.retried"] = kind is EventKind.RETRIED
         span = self.tracer.start_span(
             f"process {task.queue}",
-            context=parent if parent is not None else otel_context.Context(),
+            context=parent,
             kind=SpanKind.CONSUMER,
-            attributes={
-                "messaging.system": MESSAGING_SYSTEM,
-                "messaging.destination.name": task.queue,
-                "messaging.operation.type": "process",
-                "messaging.operation.name": "process",
-                "messaging.message.id": str(task.id),
-                "sa_taskqueue.task.name": task.name,
-                "sa_taskqueue.task.attempt": task.attempts,
-            },
+            attributes=attributes,
+            start_time=int(task.started_at.timestamp() * 1e9),
         )
-        with self._lock:
-            self._runs[task.claim_key] = span
-
-    def _ended(self, event: TaskEvent) -> None:
-        task = event.task
-        if task is None:
-            return
-        with self._lock:
-            span = self._runs.pop(task.claim_key, None)
-        if span is None:
-            return
-        kind = event.kind
-        if kind is EventKind.SUCCEEDED:
-            span.set_status(Status(StatusCode.OK))
-        elif _RUN_ENDS[kind]:
+        if _RUN_ENDS[kind]:
+            # A success leaves the status unset, as instrumentation does; a failure is an error.
             error = event.error
             if isinstance(error, BaseException):
                 span.record_exception(error)
@@ -377,10 +372,11 @@ class OpenTelemetryTracing:
             else:
                 description = "" if error is None else str(error)
             span.set_status(Status(StatusCode.ERROR, description))
-            span.set_attribute("sa_taskqueue.task.retried", kind is EventKind.RETRIED)
-        else:
-            span.set_attribute("sa_taskqueue.task.outcome", str(kind))
         span.end()
+
+
+#: The context a run's span starts from when its task carries none: a trace of its own.
+_EMPTY = otel_context.Context()
 
 
 __all__ = ["MESSAGING_SYSTEM", "SCOPE", "OpenTelemetryMetrics", "OpenTelemetryTracing"]

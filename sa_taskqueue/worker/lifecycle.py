@@ -78,10 +78,10 @@ class Emitter:
         """A claim or outcome statement sent at ``sent_at`` (``time.monotonic()``) has returned."""
         if self.events.wants(EventKind.STATEMENT):
             seconds = time.monotonic() - sent_at
-            event = StatementEvent(
-                EventKind.STATEMENT, operation, seconds, rows, self.clock(), self.state.worker_id, error
+            # (Heard by no hook of a worker's own: emitted without `emitted_by`'s bookkeeping.)
+            self.events.emit(
+                StatementEvent.of(operation, seconds, rows, self.clock(), self.state.worker_id, error)
             )
-            self._emit(event)
 
     def timed(self, operation: str, write: Callable[[], set[int]]) -> Callable[[], set[int]]:
         """``write`` (an outcome statement), its latency emitted if anyone listens; else ``write`` itself."""
