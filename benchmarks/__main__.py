@@ -37,6 +37,7 @@ from benchmarks.drain import DrainResult, drain, statements_used
 from benchmarks.enqueue import RAW_PATHS, enqueue_rate
 from benchmarks.failures import OUTCOMES, outcome_drain
 from benchmarks.latency import percentiles, pickup_latency
+from benchmarks.observability import MODES, observed_drain
 from benchmarks.peers import IMPLEMENTATIONS, PEERS, missing_peers, worker_drain
 from benchmarks.raw_batch import QUEUE_BATCH, RAW_BATCH
 from benchmarks.statements import StatementCosts, statement_costs
@@ -55,6 +56,7 @@ SECTIONS = (
     "running",
     "worker_cost",
     "failures",
+    "observability",
 )
 
 
@@ -879,6 +881,118 @@ def failures_section(run: Run) -> dict[str, Any]:
     return {"failures": rows}
 
 
+def percent(ratio: float | None) -> str:
+    return "n/a" if ratio is None else f"{ratio:.1%}"
+
+
+def observability_section(run: Run) -> dict[str, Any]:
+    """The worker's drain with metrics and tracing off and on, taking turns: rate, and cost a task."""
+    args = run.args
+    table = new_table(
+        f"worker drain with metrics and tracing off and on, tasks/s, {args.tasks} no-op tasks, "
+        f"median (min-max) of {args.repeats}; metrics: Prometheus; on: Prometheus metrics and "
+        "OpenTelemetry tracing (SDK, every span sampled, batch processor, exporter dropping them), "
+        "every task traced",
+        (
+            "backend",
+            "W",
+            "B",
+            "off",
+            "metrics",
+            "on",
+            "metrics / off",
+            "on / off",
+            "client CPU metrics / off",
+            "client CPU on / off",
+            "exactly once",
+        ),
+    )
+    costs = cost_table(
+        f"worker drain cost with metrics and tracing off and on, {args.tasks} no-op tasks, "
+        f"median of {args.repeats}",
+        ("backend", "W", "B", *MODES),
+    )
+    rows = []
+    for target in run.backends:
+        in_client = target.dialect == "sqlite"
+        for w in run.workers:
+            for b in run.batches:
+                results: dict[str, list[DrainResult]] = {}
+                rates, once = repeated_drains(
+                    lambda mode, target=target, w=w, b=b: observed_drain(target.url, args.tasks, w, b, mode),
+                    MODES,
+                    args.repeats,
+                    results,
+                )
+                row: dict[str, Any] = {"backend": target.name, "workers": w, "batch": b, "exactly_once": once}
+                for mode in MODES:
+                    row[mode] = spread(rates[mode])
+                row["cost"] = {mode: cost_figures(runs) for mode, runs in results.items()}
+                row["cost_notes"] = cost_notes(results.values())
+                off_cpu = row["cost"]["off"]["client_us"]
+                for mode in MODES[1:]:
+                    row[f"{mode}_ratio"] = row[mode]["median"] / row["off"]["median"]
+                    cpu = row["cost"][mode]["client_us"]
+                    row[f"{mode}_client_cpu_ratio"] = None if None in (cpu, off_cpu) else cpu / off_cpu
+                rows.append(row)
+                table.add_row(
+                    target.name,
+                    str(w),
+                    str(b),
+                    *(fmt(row[mode]) for mode in MODES),
+                    *(f"{row[f'{mode}_ratio']:.1%}" for mode in MODES[1:]),
+                    *(
+                        "n/a"
+                        if row[f"{mode}_client_cpu_ratio"] is None
+                        else f"{row[f'{mode}_client_cpu_ratio']:.1%}"
+                        for mode in MODES[1:]
+                    ),
+                    yes_no(once),
+                )
+                costs.add_row(
+                    target.name,
+                    str(w),
+                    str(b),
+                    *(cost_cell({**row["cost"][mode], "in_client": in_client}) for mode in MODES),
+                )
+    run.console.print(table)
+    print_cost_table(run, costs, rows)
+    return {"observability": rows, "observability_worker_cost": observability_worker_cost(run)}
+
+
+def observability_worker_cost(run: Run) -> list[dict[str, Any]]:
+    """The worker's own CPU a task with metrics and tracing off and on, its claims answered from memory.
+
+    Without a database the figure is the library's own work and the SDK's, free of the server's noise:
+    what observing adds to each task, to set beside a drain's client CPU a task.
+    """
+    tasks = run.args.worker_cost_tasks
+    table = new_table(
+        f"the worker's own cost with metrics and tracing off and on, {tasks:,} no-op tasks, claims and "
+        f"completions answered from memory, client CPU µs a task, median (min-max) of {run.args.repeats}",
+        ("B", *MODES, *(f"{mode} - off" for mode in MODES[1:])),
+    )
+    rows = []
+    for b in run.batches:
+        cpu: dict[str, list[float]] = {mode: [] for mode in MODES}
+        for _ in range(run.args.repeats):
+            for mode in MODES:
+                cpu[mode].append(worker_cost(tasks, b, mode).cpu_per_task_us)
+        row: dict[str, Any] = {"batch": b, "tasks": tasks}
+        for mode in MODES:
+            row[mode] = spread(cpu[mode])
+        for mode in MODES[1:]:
+            row[f"{mode}_added_us"] = row[mode]["median"] - row["off"]["median"]
+        rows.append(row)
+        table.add_row(
+            str(b),
+            *(f"{row[mode]['median']:.1f} ({row[mode]['min']:.1f}-{row[mode]['max']:.1f})" for mode in MODES),
+            *(f"{row[f'{mode}_added_us']:+.1f}" for mode in MODES[1:]),
+        )
+    run.console.print(table)
+    return rows
+
+
 SECTION_RUNNERS: dict[str, Callable[[Run], dict[str, Any]]] = {
     "drain": drain_section,
     "enqueue": enqueue_section,
@@ -891,6 +1005,7 @@ SECTION_RUNNERS: dict[str, Callable[[Run], dict[str, Any]]] = {
     "running": running_section,
     "worker_cost": worker_cost_section,
     "failures": failures_section,
+    "observability": observability_section,
 }
 
 

@@ -29,6 +29,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from benchmarks.observability import TRACEPARENT, observe
+
 #: Lease of the in-memory claims: long enough that no heartbeat renews one during a run.
 LEASE = timedelta(minutes=5)
 
@@ -55,13 +57,15 @@ class WorkerCost:
         return self.switches / self.tasks
 
 
-def _memory_queue(tasks: int) -> Any:
+def _memory_queue(tasks: int, observed: str = "off") -> Any:
     """A `TaskQueue` on an engine it never uses, whose claims and writes never leave the process."""
     import sa_taskqueue as tq
     from sa_taskqueue.core.claimed import ClaimedTask
 
     ids = itertools.count(1)
     now = datetime.now(UTC)
+    # Tasks enqueued under a trace carry its context, which a traced run continues.
+    headers = '{"traceparent": "%s"}' % TRACEPARENT if observed == "on" else None  # noqa: UP031
 
     class MemoryQueue(tq.TaskQueue):
         left = tasks
@@ -84,6 +88,7 @@ def _memory_queue(tasks: int) -> Any:
                     started_at=now,
                     locked_by=worker,
                     locked_until=now + LEASE,
+                    raw_headers=headers,
                 )
                 for _ in range(taken)
             ]
@@ -105,25 +110,35 @@ def _memory_queue(tasks: int) -> Any:
 
     queue = MemoryQueue(sa.create_engine("sqlite://"), lease=LEASE)
     queue.task(name="noop")(lambda: None)
+    if observed != "off":
+        queue.observed_by = observe(queue, observed)
     return queue
 
 
-def _run(tasks: int, batch: int, results: Any) -> None:
-    queue = _memory_queue(tasks)
+def _run(tasks: int, batch: int, results: Any, observed: str = "off") -> None:
+    queue = _memory_queue(tasks, observed)
     before = resource.getrusage(resource.RUSAGE_SELF)
     started = time.perf_counter()
     worker = queue.run_worker(concurrency=batch, burst=True, poll_interval=0.05, self_test=False)
     seconds = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_SELF)
+    provider = getattr(queue, "observed_by", None)
+    if provider is not None:
+        provider.shutdown()  # (the spans still batched are handed over: their cost is counted too)
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        seconds = time.perf_counter() - started
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     results.put(WorkerCost(worker.processed, seconds, cpu, after.ru_nvcsw - before.ru_nvcsw))
 
 
-def worker_cost(tasks: int, batch: int) -> WorkerCost:
-    """Run one worker over ``tasks`` in-memory tasks with ``batch`` slots, in a fresh process."""
+def worker_cost(tasks: int, batch: int, observed: str = "off") -> WorkerCost:
+    """Run one worker over ``tasks`` in-memory tasks with ``batch`` slots, in a fresh process.
+
+    ``observed`` is a mode of `benchmarks.observability.MODES`: metrics and tracing off, or on.
+    """
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
-    process = context.Process(target=_run, args=(tasks, batch, results))
+    process = context.Process(target=_run, args=(tasks, batch, results, observed))
     process.start()
     cost: WorkerCost = results.get(timeout=600)
     process.join()

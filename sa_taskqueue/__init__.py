@@ -13,7 +13,14 @@ from sa_taskqueue import _moved, backends, health, strategies
 from sa_taskqueue.core import session_events
 from sa_taskqueue.core.claimed import ClaimedTask
 from sa_taskqueue.core.event_loop_bridge import SyncCallOnEventLoop
-from sa_taskqueue.core.events import EventKind, EventStream, TaskEvent, WorkerEvent
+from sa_taskqueue.core.events import (
+    EnqueueEvent,
+    EventKind,
+    EventStream,
+    StatementEvent,
+    TaskEvent,
+    WorkerEvent,
+)
 from sa_taskqueue.core.exceptions import (
     DatabaseBusy,
     DatabaseError,
@@ -68,6 +75,7 @@ __all__ = [
     "DatabaseBusy",
     "DatabaseError",
     "DatabaseUnavailable",
+    "EnqueueEvent",
     "EventKind",
     "EventStream",
     "FootingError",
@@ -80,6 +88,7 @@ __all__ = [
     "ResultTimeout",
     "RunningTask",
     "SchemaMissing",
+    "StatementEvent",
     "StrategyError",
     "SyncCallOnEventLoop",
     "TableHealth",

@@ -424,6 +424,12 @@ def parse_queues(queues: str | None) -> list[str] | None:
 @cli.command()
 @click.argument("app")
 @worker_options
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="Serve Prometheus metrics on this port (needs the metrics extra).",
+)
 @click.pass_context
 def worker(
     ctx: click.Context,
@@ -439,6 +445,7 @@ def worker(
     no_self_test: bool,
     log_format: str,
     log_level: str,
+    metrics_port: int | None,
 ) -> None:
     """Run a worker for the TaskQueue object APP (MODULE:QUEUE_OBJECT).
 
@@ -455,6 +462,7 @@ def worker(
         url = queue.engine.url
         with for_people(ctx, url):
             queue.strategy  # noqa: B018 - connect now: a bad server fails here, in one line
+            stop_metrics = _serve_metrics(queue, metrics_port) if metrics_port is not None else None
             worker_ = queue.run_worker(
                 concurrency=concurrency,
                 queues=parse_queues(queues),
@@ -466,11 +474,38 @@ def worker(
                 self_test=not no_self_test,
                 completion_delay=completion_delay,
             )
+            if stop_metrics is not None:
+                stop_metrics()
     logging.shutdown()
     if worker_.abandoned:
         # Threads of tasks given back (or left to their lease) may still be
         # running: leave without them rather than wait for them.
         os._exit(0)
+
+
+def _serve_metrics(queue: TaskQueue, port: int) -> Callable[[], None]:
+    """``--metrics-port``: the queue's Prometheus metrics served from this process; returns their stop."""
+    try:
+        # The integration serves them; imported only when asked for (the metrics extra).
+        from sa_taskqueue.integrations.prometheus import PrometheusMetrics, serve_metrics
+    except ImportError as error:
+        raise Failure(
+            f"--metrics-port needs prometheus_client: pip install 'sa_taskqueue[metrics]' ({error})"
+        ) from error
+    metrics = PrometheusMetrics(queue).attach()
+    try:
+        server = serve_metrics(port)
+    except OSError as error:
+        metrics.detach()
+        why = error.strerror or error
+        raise Failure(f"--metrics-port {port}: cannot serve metrics there ({why})") from error
+    logger.info("serving Prometheus metrics on port %d", server.server_port)
+
+    def stop() -> None:
+        server.shutdown()
+        metrics.detach()  # (its gauge lease let go: another worker reads them from its next scrape)
+
+    return stop
 
 
 # migrate ---------------------------------------------------------------------------

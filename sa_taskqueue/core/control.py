@@ -30,6 +30,7 @@ NAME_LENGTH = 255
 QUEUE = "queue"
 SCHEDULE = "schedule"
 RETENTION = "retention"
+METRICS = "metrics"
 
 
 def control_table_name(task_table_name: str) -> str:
@@ -63,6 +64,7 @@ def control_table_of(task_table: Table) -> Table:
 
 
 __all__ = [
+    "METRICS",
     "QUEUE",
     "RETENTION",
     "SCHEDULE",

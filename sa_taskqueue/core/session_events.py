@@ -24,7 +24,7 @@ fixes the value, expunges the row or rolls back.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from functools import cache
 from typing import Any
 
@@ -40,6 +40,27 @@ from sa_taskqueue.core.model import TaskMixin
 from sa_taskqueue.core.notify import notify_enqueued
 from sa_taskqueue.core.validation import CHECKED_COLUMNS, check_task_row
 
+#: What a new task row added without headers should carry: each hook (a tracer's) is asked in turn,
+#: in ``before_flush``, and may return headers for the row (or None).  Empty unless something traces.
+RowHeaders = Callable[[TaskMixin], "dict[str, str] | None"]
+_row_headers: list[RowHeaders] = []
+
+
+def add_row_headers(hook: RowHeaders) -> Callable[[], None]:
+    """Ask ``hook`` for the headers of each new task row a flush finds without them; returns its removal.
+
+    So a row the application adds itself, ``session.add(Task(...))``,
+    carries the enqueuing code's trace context as an enqueue's rows do.
+    With no hook the flush pays one list test.
+    """
+    _row_headers.append(hook)
+
+    def remove() -> None:
+        if hook in _row_headers:
+            _row_headers.remove(hook)
+
+    return remove
+
 
 def check_task_rows(session: Session, flush_context: UOWTransaction, instances: Iterable[Any] | None) -> None:
     """``before_flush``: every new task row, and every change to a loaded one, checked before any SQL."""
@@ -48,10 +69,20 @@ def check_task_rows(session: Session, flush_context: UOWTransaction, instances: 
             state = inspect(instance)
             values = {column: state.dict[column] for column in CHECKED_COLUMNS if column in state.dict}
             _check(instance, values, new=True)
+            if _row_headers and state.dict.get("headers") is None:
+                _fill_headers(instance)
     for instance in session.dirty:
         if isinstance(instance, TaskMixin):
             state = inspect(instance)
             _check(instance, _changed(state), new=False)
+
+
+def _fill_headers(instance: TaskMixin) -> None:
+    for hook in tuple(_row_headers):
+        headers = hook(instance)
+        if headers:
+            instance.headers = headers
+            return
 
 
 def notify_task_rows(session: Session, flush_context: UOWTransaction) -> None:
@@ -170,4 +201,11 @@ def listen() -> None:
     at_commit.listen()
 
 
-__all__ = ["check_task_rows", "listen", "missing_task_table", "notify_task_rows"]
+__all__ = [
+    "RowHeaders",
+    "add_row_headers",
+    "check_task_rows",
+    "listen",
+    "missing_task_table",
+    "notify_task_rows",
+]

@@ -8,6 +8,7 @@ INSERTs or COPY for `enqueue_many`) and exist exactly when it commits.
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Concatenate, ParamSpec, TypeVar, cast
@@ -17,7 +18,7 @@ from sqlalchemy.orm import Session
 from sa_taskqueue.core import validation
 from sa_taskqueue.core.at_commit import emit_at_commit
 from sa_taskqueue.core.bulk_insert import insert_rows
-from sa_taskqueue.core.events import EventKind, EventStream, TaskEvent
+from sa_taskqueue.core.events import EnqueueEvent, EventKind, EventStream, TaskEvent
 from sa_taskqueue.core.exceptions import missing_table_errors
 from sa_taskqueue.core.model import TaskMixin
 from sa_taskqueue.core.notify import notify_enqueued
@@ -48,6 +49,9 @@ def _schema_missing_named(
     return writing
 
 
+logger = logging.getLogger("sa_taskqueue")
+
+
 class Enqueuing:
     """Builds and writes the rows of one queue's enqueues; the registrations are the queue's."""
 
@@ -66,14 +70,22 @@ class Enqueuing:
     @_schema_missing_named
     def add(self, session: Session, values: dict[str, Any]) -> TaskMixin:
         """One task row added to ``session`` and flushed (a held unique key returns the task holding it)."""
-        if "unique_key" in values:
-            task, new = unique.add_or_find(session, self._model, values)
-        else:
-            # The mixin declares no constructor; the mapped subclass gets the declarative one.
-            task = cast("Callable[..., TaskMixin]", self._model)(**values)
-            session.add(task)
-            session.flush()  # which checks the row again and sends its NOTIFY (core.session_events)
-            new = True
+        announced = self._enqueuing(values["name"], values["queue"], 1)
+        if announced is not None and announced.headers and "headers" not in values:
+            values["headers"] = dict(announced.headers)
+        try:
+            if "unique_key" in values:
+                task, new = unique.add_or_find(session, self._model, values)
+            else:
+                # The mixin declares no constructor; the mapped subclass gets the declarative one.
+                task = cast("Callable[..., TaskMixin]", self._model)(**values)
+                session.add(task)
+                session.flush()  # which checks the row again and sends its NOTIFY (core.session_events)
+                new = True
+        except BaseException as error:
+            _tell(announced, None, error)
+            raise
+        _tell(announced, [task.id], None)
         if new and self._events.wants(EventKind.ENQUEUED):
             self._enqueued_at_commit(session, [(task.id, values)])
         return task
@@ -87,16 +99,38 @@ class Enqueuing:
             return []
         table = self._parts.table
         ids: list[int] | None
-        if "unique_key" in rows[0]:  # (a key for one row is a key for all: unique_key or unique_by)
-            ids, new = unique.add_many_or_find(session, table, rows)
+        if self._events.wants(EventKind.ENQUEUING):
+            first = rows[0]
+            announced = self._enqueuing(first["name"], first["queue"], len(rows))
+            if announced is not None and announced.headers and "headers" not in first:
+                rows = _with_headers(rows, announced.headers)
         else:
-            ids = insert_rows(session.connection(), table, rows, chunk_size=chunk_size)
-            queues = rows.distinct("queue") if isinstance(rows, TaskRows) else {row["queue"] for row in rows}
-            notify_enqueued(session, table, queues)
-            new = list(range(len(rows)))
+            announced = None
+        try:
+            if "unique_key" in rows[0]:  # (a key for one row is a key for all: unique_key or unique_by)
+                ids, new = unique.add_many_or_find(session, table, rows)
+            else:
+                ids = insert_rows(session.connection(), table, rows, chunk_size=chunk_size)
+                queues = (
+                    rows.distinct("queue") if isinstance(rows, TaskRows) else {row["queue"] for row in rows}
+                )
+                notify_enqueued(session, table, queues)
+                new = list(range(len(rows)))
+        except BaseException as error:
+            _tell(announced, None, error)
+            raise
+        _tell(announced, [None] * len(rows) if ids is None else ids, None)
         if self._events.wants(EventKind.ENQUEUED):
             self._enqueued_at_commit(session, [(None if ids is None else ids[i], rows[i]) for i in new])
         return ids
+
+    def _enqueuing(self, name: str, queue: str, count: int) -> EnqueueEvent | None:
+        """``ENQUEUING`` emitted, if anyone listens, before the rows are written: with what was added."""
+        if not self._events.wants(EventKind.ENQUEUING):
+            return None
+        event = EnqueueEvent(EventKind.ENQUEUING, name, queue, count, self._parts.clock())
+        self._events.emit(event)
+        return event
 
     def _enqueued_at_commit(
         self, session: Session, written: list[tuple[int | None, Mapping[str, Any]]]
@@ -197,6 +231,28 @@ class Enqueuing:
         if key is not None:
             values["unique_key"] = key
         return values
+
+
+def _tell(
+    announced: EnqueueEvent | None, ids: Sequence[int | None] | None, error: BaseException | None
+) -> None:
+    """Call the `Written` callbacks an ``ENQUEUING`` event's subscribers left, each once; none may raise."""
+    if announced is None:
+        return
+    for written in announced.written:
+        try:
+            written(ids, error)
+        except Exception:
+            logger.exception("an enqueue subscriber's callback raised")
+
+
+def _with_headers(
+    rows: Sequence[Mapping[str, Any]], headers: Mapping[str, str]
+) -> Sequence[Mapping[str, Any]]:
+    """``rows`` carrying ``headers``: held once for all rows of a bulk enqueue."""
+    if isinstance(rows, TaskRows):
+        return TaskRows({**rows.shared, "headers": dict(headers)}, rows.varying)
+    return [{**row, "headers": dict(headers)} for row in rows]
 
 
 __all__ = ["Enqueuing"]

@@ -143,21 +143,36 @@ def claimed_values(table: Table, request: ClaimRequest) -> dict[str, Any]:
 #: The columns a claim reads back of each row it takes.  The rest of a claimed
 #: task is what the claim itself wrote, known without asking; and each column
 #: read costs the driver and SQLAlchemy a few microseconds a row.
-READ_BACK = ("id", "name", "queue", "priority", "params", "attempts", "max_attempts", "run_at", "created_at")
+#: ``headers`` too, so that a worker has the trace context a task carries with no statement of its own
+#: (NULL, a few bytes on the wire, when the enqueue carried none).
+READ_BACK = (
+    "id",
+    "name",
+    "queue",
+    "priority",
+    "params",
+    "attempts",
+    "max_attempts",
+    "run_at",
+    "created_at",
+    "headers",
+)
+#: The JSON columns a claim reads as text, decoded by whoever needs them, row by row.
+_READ_AS_TEXT = frozenset({"params", "headers"})
 
 
 def read_back(table: Table) -> list[Any]:
-    """The `READ_BACK` columns of ``table``, params as text (each row's is decoded on its own)."""
+    """The `READ_BACK` columns of ``table``, params and headers as text (each row's decoded on its own)."""
     return [_as_read(table.c[name]) for name in READ_BACK]
 
 
 def whole_row(table: Table) -> list[Any]:
-    """Every column of ``table``, params as text: for strategies that read a claimed row whole."""
+    """Every column of ``table``, params and headers as text: for strategies that read a claimed row whole."""
     return [_as_read(column) for column in table.c]
 
 
 def _as_read(column: Any) -> Any:
-    return params_as_text(column) if column.key == "params" else column
+    return params_as_text(column) if column.key in _READ_AS_TEXT else column
 
 
 def claimed_row(row: Mapping[str, Any], request: ClaimRequest) -> dict[str, Any]:

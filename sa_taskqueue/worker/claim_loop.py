@@ -250,10 +250,13 @@ class ClaimLoop:
         """
         if self._gate is None:
             sent_at = time.monotonic()
-            return sent_at, self.claim(limit)
-        with self._gate.writer():
-            sent_at = time.monotonic()
-            return sent_at, self.claim(limit)
+            claimed = self.claim(limit)
+        else:
+            with self._gate.writer():
+                sent_at = time.monotonic()
+                claimed = self.claim(limit)
+        self.emit.statement("claim", sent_at, len(claimed))
+        return sent_at, claimed
 
     def claim(self, limit: int) -> list[ClaimedTask]:
         """Claim up to ``limit`` due tasks of this worker's queues and registered names."""

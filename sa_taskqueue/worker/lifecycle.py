@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
 from sa_taskqueue.core.claimed import ClaimedTask
 from sa_taskqueue.core.error_text import error_message
-from sa_taskqueue.core.events import EventKind, EventStream, TaskEvent, WorkerEvent
+from sa_taskqueue.core.events import EventKind, EventStream, StatementEvent, TaskEvent, WorkerEvent
 from sa_taskqueue.core.log_fields import task_fields
 from sa_taskqueue.core.redaction import Redactor
 from sa_taskqueue.core.types import utcnow
@@ -71,7 +72,35 @@ class Emitter:
             )
             self._emit(event)
 
-    def _emit(self, event: TaskEvent | WorkerEvent) -> None:
+    def statement(
+        self, operation: str, sent_at: float, rows: int, error: BaseException | None = None
+    ) -> None:
+        """A claim or outcome statement sent at ``sent_at`` (``time.monotonic()``) has returned."""
+        if self.events.wants(EventKind.STATEMENT):
+            seconds = time.monotonic() - sent_at
+            # (Heard by no hook of a worker's own: emitted without `emitted_by`'s bookkeeping.)
+            self.events.emit(
+                StatementEvent.of(operation, seconds, rows, self.clock(), self.state.worker_id, error)
+            )
+
+    def timed(self, operation: str, write: Callable[[], set[int]]) -> Callable[[], set[int]]:
+        """``write`` (an outcome statement), its latency emitted if anyone listens; else ``write`` itself."""
+        if not self.events.wants(EventKind.STATEMENT):
+            return write
+
+        def timed_write() -> set[int]:
+            sent_at = time.monotonic()
+            try:
+                written = write()
+            except BaseException as error:
+                self.statement(operation, sent_at, 0, error)
+                raise
+            self.statement(operation, sent_at, len(written))
+            return written
+
+        return timed_write
+
+    def _emit(self, event: TaskEvent | WorkerEvent | StatementEvent) -> None:
         before = getattr(_emitting, "state", None)
         _emitting.state = self.state
         try:

@@ -140,7 +140,7 @@ class OutcomeWriter:
         if claim is None:
             self.claims.writing(tasks)
             return self._through_outage(
-                lambda: self.queue.complete_many(tasks, results),
+                self.emit.timed("complete", lambda: self.queue.complete_many(tasks, results)),
                 tasks,
                 partial(self._all_landed, tasks, completed=True),
             )
@@ -162,7 +162,9 @@ class OutcomeWriter:
 
         try:
             return self._through_outage(
-                complete_and_claim, tasks, partial(self._all_landed, tasks, completed=True)
+                self.emit.timed("complete_and_claim", complete_and_claim),
+                tasks,
+                partial(self._all_landed, tasks, completed=True),
             )
         finally:
             # Given to slots once this write's slots are freed (`ClaimLoop.admit_claimed_with_write`).
@@ -173,7 +175,7 @@ class OutcomeWriter:
     ) -> set[int] | None:
         self.claims.writing(tasks)
         return self._through_outage(
-            lambda: self.queue.fail_many(tasks, errors),
+            self.emit.timed("fail", lambda: self.queue.fail_many(tasks, errors)),
             tasks,
             partial(self._all_landed, tasks, completed=False),
         )
