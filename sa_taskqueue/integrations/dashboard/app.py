@@ -187,7 +187,8 @@ class Guarded:
 
 def _refused(message: str) -> HTMLResponse:
     body = (
-        "<!doctype html><html lang=en><head><meta charset=utf-8><title>Not allowed</title></head>"
+        "<!doctype html><html lang=en><head><meta charset=utf-8><title>Not allowed</title>"
+        "<link rel=icon href='data:,'></head>"
         f"<body><h1>Not allowed</h1><p>{_escape(message)}</p></body></html>"
     )
     return HTMLResponse(body, status_code=401, headers={"WWW-Authenticate": "Bearer"})

@@ -1,0 +1,418 @@
+"""The dashboard over HTTP (Starlette's TestClient) on the live database: pages, actions and their guards.
+
+Every page answers with the rows the table holds; every action changes
+the database as the queue's own method would, and nothing else; a request
+without the token, a POST without the CSRF token or to a read-only
+dashboard changes nothing.  No page shows the database's password.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from click.testing import CliRunner
+from sqlalchemy.orm import Session
+
+import sa_taskqueue as tq
+from sa_taskqueue.cli.main import cli
+from sa_taskqueue.features.pausing import read_paused
+
+with warnings.catch_warnings():
+    # Starlette's TestClient on httpx (it points at httpx2); the suite's FastAPI tests use the same client.
+    warnings.simplefilter("ignore")
+    from starlette.applications import Starlette
+    from starlette.routing import Mount
+    from starlette.testclient import TestClient
+
+from sa_taskqueue.integrations.dashboard import create_app
+
+PERIODIC = "reports.nightly"
+PASSWORD = "dashboard-secret-pw-6472"
+TOKEN = "t0ken-for-the-dashboard-tests"
+STATUSES = ("queued", "running", "completed", "failed", "cancelled")
+PAGES = ("/", "/tasks", "/workers", "/schedules", "/health")
+
+
+def _password_engine(engine: sa.Engine) -> sa.Engine:
+    """An engine on the test database whose URL carries a password, as a production URL would.
+
+    It connects with the test engine's own arguments (the test servers trust
+    local connections), so the password is only in the URL the dashboard is
+    given, which is where a leak would come from.
+    """
+    cargs, cparams = engine.dialect.create_connect_args(engine.url)
+    if engine.url.host:
+        url = engine.url.set(username=engine.url.username or "someone", password=PASSWORD)
+    else:
+        # A file database's URL has no user or password part: the secret rides in its query.
+        url = engine.url.update_query_dict({"password": PASSWORD})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", sa.exc.SAWarning)  # SQLite's driver ignores the query's password
+        return sa.create_engine(url, creator=lambda: engine.dialect.loaded_dbapi.connect(*cargs, **cparams))
+
+
+@pytest.fixture
+def queue(engine: sa.Engine) -> Iterator[tq.TaskQueue]:
+    queue = tq.TaskQueue(_password_engine(engine))
+
+    @queue.task(name="mail.send")
+    def send(to: str) -> None: ...
+
+    @queue.periodic("0 3 * * *", tz="Europe/Paris", name=PERIODIC, params={"scope": "all"})
+    def nightly(scope: str) -> None: ...
+
+    yield queue
+    queue.close()
+    queue.engine.dispose()
+
+
+@pytest.fixture
+def seeded(queue: tq.TaskQueue) -> dict[str, int]:
+    """One task in each status (ids by status), finished ones within the last hour; the password in two."""
+    now = datetime.now(UTC)
+    ids: dict[str, int] = {}
+    with Session(queue.engine) as session:
+        for index, status in enumerate(STATUSES):
+            task = tq.Task(
+                name="mail.send",
+                queue="mail" if status != "cancelled" else "default",
+                params={"to": f"user{index}@example.com", "dsn": f"postgresql://app:{PASSWORD}@db/app"},
+                status=status,
+                created_at=now - timedelta(minutes=30),
+                run_at=now - timedelta(minutes=20),
+                attempts=1 if status != "queued" else 0,
+            )
+            if status == "running":
+                task.started_at, task.locked_by = now - timedelta(minutes=1), "host:1:abc"
+                task.locked_until = now + timedelta(minutes=5)
+            if status in ("completed", "failed", "cancelled"):
+                task.started_at, task.finished_at = now - timedelta(minutes=10), now - timedelta(minutes=9)
+            if status == "failed":
+                task.last_error = (
+                    f"Traceback (most recent call last):\nConnectionError: postgresql://app:{PASSWORD}@db"
+                )
+            if status == "completed":
+                task.result = {"sent": True}
+            session.add(task)
+            session.flush()
+            ids[status] = task.id
+        session.commit()
+    return ids
+
+
+def client_of(app: Any, **kwargs: Any) -> TestClient:
+    return TestClient(app, **kwargs)
+
+
+def csrf_of(page: str) -> str:
+    found = re.search(r'name="csrf_token" value="([^"]+)"', page)
+    assert found is not None, "the page has a form with a CSRF token"
+    return found.group(1)
+
+
+def status_of(engine: sa.Engine, task_id: int) -> str | None:
+    t = tq.Task.__table__
+    with engine.connect() as conn:
+        return conn.scalar(sa.select(t.c.status).where(t.c.id == task_id))
+
+
+def all_rows(engine: sa.Engine) -> list[tuple[Any, ...]]:
+    t = tq.Task.__table__
+    with engine.connect() as conn:
+        return [
+            tuple(row) for row in conn.execute(sa.select(t.c.id, t.c.status, t.c.run_at).order_by(t.c.id))
+        ]
+
+
+# Pages ------------------------------------------------------------------------------------------
+
+
+def test_every_page_answers_with_the_tables_tasks(queue: tq.TaskQueue, seeded: dict[str, int]) -> None:
+    client = client_of(create_app(queue))
+    pages = {path: client.get(path) for path in (*PAGES, *(f"/tasks/{i}" for i in seeded.values()))}
+    for path, response in pages.items():
+        assert response.status_code == 200, (path, response.text[:500])
+        assert 'data-nav="overview"' in response.text
+    overview = pages["/"].text
+    assert '<main data-page="overview">' in overview
+    mail = re.search(r'<tr data-queue="mail">(.*?)</tr>', overview, re.S)
+    assert mail is not None
+    for status in STATUSES:
+        expected = "0" if status == "cancelled" else "1"
+        cell = re.search(rf'data-status="{status}">(?:<a [^>]*>)?(\d+)', mail.group(1))
+        assert cell is not None and cell.group(1) == expected, status
+    assert 'data-paused="false"' in mail.group(1)
+    assert 'svg data-chart="throughput"' in overview
+    # The chart counts the finished rows of the last hour: one completed, one failed.
+    assert "completed (1)" in overview and "failed (1)" in overview
+    tasks = pages["/tasks"].text
+    assert all(f'data-task-id="{task_id}"' in tasks for task_id in seeded.values())
+    failed = pages[f"/tasks/{seeded['failed']}"].text
+    assert '<main data-page="task">' in failed
+    assert re.search(r'<pre data-field="last_error"[^>]*>Traceback', failed)
+    assert 'data-field="name">mail.send' in failed
+    assert 'data-action="retry"' in failed and 'data-action="delete"' in failed
+    assert 'data-action="cancel"' in pages[f"/tasks/{seeded['queued']}"].text
+    assert "data-action" not in pages[f"/tasks/{seeded['running']}"].text.split("<main", 1)[1]
+    schedules = pages["/schedules"].text
+    assert f'<tr data-schedule="{PERIODIC}">' in schedules
+    assert "Europe/Paris" in schedules and 'data-action="enqueue-now"' in schedules
+    health = pages["/health"].text
+    assert 'section data-check="table_health"' in health
+    assert re.search(r'section data-check="(skip_locked|conditional_update|advisory_lock)"', health)
+    assert '<main data-page="workers">' in pages["/workers"].text
+
+
+def test_no_page_shows_the_database_password(queue: tq.TaskQueue, seeded: dict[str, int]) -> None:
+    client = client_of(create_app(queue))
+    paths = [*PAGES, "/tasks?q=dsn", *(f"/tasks/{task_id}" for task_id in seeded.values())]
+    for path in paths:
+        response = client.get(path)
+        assert response.status_code == 200, path
+        assert PASSWORD not in response.text, path
+    overview = client.get("/").text
+    assert "***" in overview or "%2A%2A%2A" in overview  # the URL is shown, its password masked
+
+
+def test_a_missing_task_is_404_and_a_bad_filter_400(queue: tq.TaskQueue, seeded: dict[str, int]) -> None:
+    client = client_of(create_app(queue))
+    assert client.get("/tasks/999999999").status_code == 404
+    bad = client.get("/tasks?since=yesterday")
+    assert bad.status_code == 400
+    assert "since: &#39;yesterday&#39; is not a date and time" in bad.text
+    assert client.get("/tasks?status=lost").status_code == 400
+    assert client.get("/tasks?before=x").status_code == 400
+
+
+def test_the_task_list_pages_by_id_and_filters(queue: tq.TaskQueue, seeded: dict[str, int]) -> None:
+    with Session(queue.engine) as session:
+        for index in range(120):
+            session.add(tq.Task(name="bulk.job", queue="bulk", params={"n": index, "tag": f"t{index % 7}"}))
+        session.commit()
+    client = client_of(create_app(queue))
+    seen: list[int] = []
+    url: str | None = "/tasks?queue=bulk"
+    pages = 0
+    while url is not None:
+        page = client.get(url).text
+        ids = [int(i) for i in re.findall(r'data-task-id="(\d+)"', page)]
+        assert len(ids) <= 50
+        seen.extend(ids)
+        found = re.search(r'<a data-next-page href="([^"]+)"', page)
+        url = found.group(1).replace("&amp;", "&") if found else None
+        pages += 1
+    assert pages == 3
+    assert len(seen) == 120 and seen == sorted(seen, reverse=True)
+    # Filters: name, status, text in params, error text, created time.
+    tagged = client.get("/tasks?q=%22t3%22").text  # the tag's JSON string: t3 exactly
+    assert len(re.findall(r'data-task-id="', tagged)) == len([i for i in range(120) if i % 7 == 3])
+    errors = client.get("/tasks?q=connectionerror").text
+    assert re.findall(r'data-task-id="(\d+)"', errors) == [str(seeded["failed"])]
+    running = client.get("/tasks?status=running").text
+    assert re.findall(r'data-task-id="(\d+)"', running) == [str(seeded["running"])]
+    future = (datetime.now(UTC) + timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M")
+    assert "data-task-id" not in client.get(f"/tasks?since={future}").text
+    assert len(re.findall(r"data-task-id", client.get(f"/tasks?until={future}&name=mail.send").text)) == 5
+    # A wildcard typed in the search is a character, not a pattern.
+    assert "data-task-id" not in client.get("/tasks?q=%25%25%25").text
+
+
+# Actions ----------------------------------------------------------------------------------------
+
+
+def post(client: TestClient, page: str, action: str, **fields: str) -> Any:
+    token = csrf_of(client.get(page).text)
+    return client.post(action, data={"csrf_token": token, "next": page, **fields}, follow_redirects=False)
+
+
+def test_each_action_changes_the_database(queue: tq.TaskQueue, seeded: dict[str, int]) -> None:
+    engine = queue.engine
+    client = client_of(create_app(queue))
+
+    failed = seeded["failed"]
+    response = post(client, f"/tasks/{failed}", f"/tasks/{failed}/retry")
+    assert response.status_code == 303 and response.headers["location"] == f"/tasks/{failed}"
+    assert status_of(engine, failed) == "queued"
+    assert "is queued to run again" in client.get(response.headers["location"]).text
+
+    queued = seeded["queued"]
+    post(client, f"/tasks/{queued}", f"/tasks/{queued}/cancel")
+    assert status_of(engine, queued) == "cancelled"
+
+    completed = seeded["completed"]
+    post(client, f"/tasks/{completed}", f"/tasks/{completed}/delete")
+    assert status_of(engine, completed) is None
+
+    # A running task is not deleted (its worker would lose its outcome): refused, with a message.
+    running = seeded["running"]
+    response = post(client, "/", f"/tasks/{running}/delete")
+    assert status_of(engine, running) == "running"
+    assert "nothing deleted" in client.get(response.headers["location"]).text
+
+    post(client, "/", "/queues/mail/pause")
+    assert read_paused(engine, queue.table) == frozenset({"mail"})
+    page = client.get("/").text
+    assert re.search(r'<tr data-queue="mail">.*?data-paused="true"', page, re.S)
+    assert "data-flash" in page
+    post(client, "/", "/queues/mail/resume")
+    assert read_paused(engine, queue.table) == frozenset()
+
+    before = {row[0] for row in all_rows(engine)}
+    post(client, "/schedules", f"/schedules/{PERIODIC}/enqueue")
+    t = tq.Task.__table__
+    with engine.connect() as conn:
+        new = conn.execute(sa.select(t).where(t.c.id.not_in(before))).all()
+    assert [(row.name, row.status, row.params) for row in new] == [(PERIODIC, "queued", {"scope": "all"})]
+
+
+def test_a_post_without_a_valid_csrf_token_is_refused(queue: tq.TaskQueue, seeded: dict[str, int]) -> None:
+    engine = queue.engine
+    client = client_of(create_app(queue))
+    client.get("/")  # sets the CSRF cookie
+    rows = all_rows(engine)
+    failed = seeded["failed"]
+    assert client.post(f"/tasks/{failed}/retry", data={}).status_code == 403
+    assert client.post(f"/tasks/{failed}/retry", data={"csrf_token": "forged"}).status_code == 403
+    assert client.post("/queues/mail/pause", data={"csrf_token": ""}).status_code == 403
+    # A token from the page, sent without the cookie it signs (another site's form): refused.
+    token = csrf_of(client.get(f"/tasks/{failed}").text)
+    stranger = client_of(create_app(queue))
+    assert stranger.post(f"/tasks/{failed}/retry", data={"csrf_token": token}).status_code == 403
+    assert all_rows(engine) == rows
+    assert read_paused(engine, queue.table) == frozenset()
+
+
+def test_a_read_only_dashboard_shows_no_action_and_refuses_posts(
+    queue: tq.TaskQueue, seeded: dict[str, int]
+) -> None:
+    client = client_of(create_app(queue, read_only=True))
+    for path in (*PAGES, *(f"/tasks/{task_id}" for task_id in seeded.values())):
+        response = client.get(path)
+        assert response.status_code == 200
+        assert "data-action" not in response.text, path
+    rows = all_rows(queue.engine)
+    token = csrf_of(client_of(create_app(queue)).get("/").text)
+    for action in (
+        f"/tasks/{seeded['failed']}/retry",
+        "/queues/mail/pause",
+        f"/schedules/{PERIODIC}/enqueue",
+    ):
+        assert client.post(action, data={"csrf_token": token}).status_code == 403
+    assert all_rows(queue.engine) == rows
+    assert read_paused(queue.engine, queue.table) == frozenset()
+
+
+# Authentication -----------------------------------------------------------------------------------
+
+
+def test_a_token_is_needed_from_a_header_or_once_in_the_url(
+    queue: tq.TaskQueue, seeded: dict[str, int]
+) -> None:
+    app = create_app(queue, auth=TOKEN)
+    client = client_of(app)
+    for path in (*PAGES, f"/tasks/{seeded['queued']}"):
+        assert client.get(path).status_code == 401, path
+    assert client.get("/", headers={"Authorization": "Bearer wrong"}).status_code == 401
+    assert client.get("/?token=wrong").status_code == 401
+    assert "sa_taskqueue_dashboard" not in client.cookies
+    assert client.get("/", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
+    # The static files carry no data: served to anyone (the login page needs none, but a refusal may).
+    assert client.get("/static/dashboard.css").status_code == 200
+
+    # ?token= once: a session cookie, and the same page without the token in its URL.
+    response = client.get(f"/tasks?status=failed&token={TOKEN}", follow_redirects=False)
+    assert response.status_code == 303
+    assert response.headers["location"] == "/tasks?status=failed"
+    assert "sa_taskqueue_dashboard" in response.cookies
+    assert client.get("/tasks?status=failed").status_code == 200
+    # A forged session cookie is not one.
+    forger = client_of(app, cookies={"sa_taskqueue_dashboard": "abc.def"})
+    assert forger.get("/").status_code == 401
+
+    # A POST without the token changes nothing, even with a valid CSRF token.
+    token = csrf_of(client.get(f"/tasks/{seeded['queued']}").text)
+    anonymous = client_of(app, cookies={"sa_taskqueue_csrf": client.cookies["sa_taskqueue_csrf"]})
+    response = anonymous.post(f"/tasks/{seeded['queued']}/cancel", data={"csrf_token": token})
+    assert response.status_code == 401
+    assert status_of(queue.engine, seeded["queued"]) == "queued"
+
+
+def test_a_host_callable_decides_who_gets_in(queue: tq.TaskQueue, seeded: dict[str, int]) -> None:
+    asked: list[str] = []
+
+    def staff_only(request: Any) -> bool:
+        asked.append(request.url.path)
+        return request.headers.get("x-staff") == "yes"
+
+    client = client_of(create_app(queue, auth=staff_only))
+    assert client.get("/").status_code == 401
+    assert client.get("/", headers={"X-Staff": "yes"}).status_code == 200
+    token = csrf_of(client.get("/", headers={"X-Staff": "yes"}).text)
+    response = client.post("/queues/mail/pause", data={"csrf_token": token})
+    assert response.status_code == 401
+    assert read_paused(queue.engine, queue.table) == frozenset()
+    assert asked  # the callable was asked
+
+
+def test_create_app_refuses_an_empty_token_and_a_bad_auth(queue: tq.TaskQueue) -> None:
+    with pytest.raises(ValueError, match="empty token"):
+        create_app(queue, auth="")
+    with pytest.raises(TypeError, match="auth must be"):
+        create_app(queue, auth=42)  # type: ignore[arg-type]
+
+
+def test_pages_carry_strict_security_headers(queue: tq.TaskQueue, seeded: dict[str, int]) -> None:
+    client = client_of(create_app(queue))
+    response = client.get("/")
+    csp = response.headers["content-security-policy"]
+    assert "unsafe-inline" not in csp and "script-src 'self'" in csp and "frame-ancestors 'none'" in csp
+    assert response.headers["x-frame-options"] == "DENY"
+    assert response.headers["cache-control"] == "no-store"
+    assert response.headers["referrer-policy"] == "no-referrer"
+    assert "<script>" not in response.text and " style=" not in response.text
+
+
+def test_mounted_its_links_and_actions_follow_the_mount_point(
+    queue: tq.TaskQueue, seeded: dict[str, int]
+) -> None:
+    host = Starlette(routes=[Mount("/ops/queue", create_app(queue))])
+    client = client_of(host)
+    page = client.get("/ops/queue/").text
+    links = re.findall(r'(?<![-\w])(?:href|action|src)="([^"]+)"', page)
+    assert links
+    assert [link for link in links if not link.startswith("/ops/queue/")] == []
+    failed = seeded["failed"]
+    response = post(
+        client, f"/ops/queue/tasks/{failed}", f"/ops/queue/tasks/{failed}/retry", next=f"/tasks/{failed}"
+    )
+    assert response.status_code == 303
+    assert response.headers["location"] == f"/ops/queue/tasks/{failed}"
+    assert status_of(queue.engine, failed) == "queued"
+
+
+def test_given_an_engine_or_a_url_it_shows_the_librarys_table(
+    queue: tq.TaskQueue, seeded: dict[str, int]
+) -> None:
+    client = client_of(create_app(queue.engine))
+    assert all(f'data-task-id="{i}"' in client.get("/tasks").text for i in seeded.values())
+    assert "No application was loaded" in client.get("/schedules").text
+
+
+# The command line ----------------------------------------------------------------------------------
+
+
+def test_the_command_refuses_a_public_address_without_a_token(engine: sa.Engine) -> None:
+    url = engine.url.render_as_string(hide_password=False)
+    result = CliRunner().invoke(cli, ["dashboard", "--url", url, "--host", "0.0.0.0"], env={})
+    assert result.exit_code == 1
+    assert "refusing to serve the dashboard on 0.0.0.0 without a token" in result.output
+    assert "--token" in result.output
+    result = CliRunner().invoke(cli, ["dashboard", "--url", url, "--host", "0.0.0.0", "--token", " "], env={})
+    assert result.exit_code == 2
+    assert "--token is empty" in result.output
