@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from sa_taskqueue.cli.main import Failure, _app_option, _target, _url_option, for_people, redactor
+from sa_taskqueue.cli.main import Failure, _app_option, _target, _url_option, cli, for_people, redactor
 
 TOKEN_ENV = "SA_TASKQUEUE_DASHBOARD_TOKEN"
 DEFAULT_HOST = "127.0.0.1"
@@ -45,7 +45,7 @@ class _HideToken(logging.Filter):
         return True
 
 
-@click.command("dashboard")
+@cli.command("dashboard")
 @click.argument("app_argument", metavar="[APP]", required=False)
 @click.option("--host", default=DEFAULT_HOST, show_default=True, help="Address to listen on.")
 @click.option(
@@ -116,8 +116,3 @@ def dashboard(
     )
     logging.getLogger("uvicorn.access").addFilter(_HideToken())
     uvicorn.run(web, host=host, port=port, log_level="info")
-
-
-def register(group: click.Group) -> None:
-    """Add ``dashboard`` to the command line's group."""
-    group.add_command(dashboard)

@@ -1155,12 +1155,6 @@ def demo(ctx: click.Context, tasks: int, workers: int, url: str) -> None:
     raise Failure(f"NOT exactly once: ran twice {twice[:10]}, never ran {missing[:10]}")
 
 
-# The dashboard's command imports this module's helpers, so it is added once they exist.
-from sa_taskqueue.cli import dashboard as dashboard_command  # noqa: E402
-
-dashboard_command.register(cli)
-
-
 def main() -> None:
     program = "sa_taskqueue" if sys.argv[0].endswith("__main__.py") else os.path.basename(sys.argv[0])
     cli(prog_name=program)
