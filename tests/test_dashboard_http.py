@@ -17,11 +17,14 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner
+from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.orm import Session
+from sqlalchemy.pool import NullPool
 
 import sa_taskqueue as tq
 from sa_taskqueue.cli.main import cli
 from sa_taskqueue.features.pausing import read_paused
+from tests.backends import ASYNC_DRIVERS, Backend, async_url
 
 with warnings.catch_warnings():
     # Starlette's TestClient on httpx (it points at httpx2); the suite's FastAPI tests use the same client.
@@ -30,7 +33,7 @@ with warnings.catch_warnings():
     from starlette.routing import Mount
     from starlette.testclient import TestClient
 
-from sa_taskqueue.integrations.dashboard import create_app
+from sa_taskqueue.integrations.dashboard import create_app, reads
 
 PERIODIC = "reports.nightly"
 PASSWORD = "dashboard-secret-pw-6472"
@@ -416,3 +419,58 @@ def test_the_command_refuses_a_public_address_without_a_token(engine: sa.Engine)
     result = CliRunner().invoke(cli, ["dashboard", "--url", url, "--host", "0.0.0.0", "--token", " "], env={})
     assert result.exit_code == 2
     assert "--token is empty" in result.output
+
+
+# An async engine, and a table of many rows ---------------------------------------------------------
+
+
+def test_a_queue_on_an_async_engine_is_shown_and_changed(
+    backend: Backend, engine: sa.Engine, seeded: dict[str, int]
+) -> None:
+    """The pages and actions run their sync calls through the queue's own bridge to its loop."""
+    async_engine = create_async_engine(
+        async_url(backend.url, ASYNC_DRIVERS[backend.name][0]), poolclass=NullPool
+    )
+    queue = tq.TaskQueue(async_engine)
+    try:
+        assert queue.is_async
+        client = client_of(create_app(queue))
+        for path in (*PAGES, f"/tasks/{seeded['failed']}"):
+            assert client.get(path).status_code == 200, path
+        post(client, f"/tasks/{seeded['failed']}", f"/tasks/{seeded['failed']}/retry")
+        post(client, f"/tasks/{seeded['queued']}", f"/tasks/{seeded['queued']}/cancel")
+        post(client, "/", "/queues/mail/pause")
+        assert status_of(engine, seeded["failed"]) == "queued"
+        assert status_of(engine, seeded["queued"]) == "cancelled"
+        assert read_paused(engine, queue.table) == frozenset({"mail"})
+    finally:
+        queue.close()
+
+
+def test_a_filtered_page_searches_a_bounded_id_window_then_offers_older(
+    queue: tq.TaskQueue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A search that matches little stops after SCAN_WINDOW ids (here 100), not at the end of the table."""
+    monkeypatch.setattr(reads, "SCAN_WINDOW", 100)
+    with Session(queue.engine) as session:
+        session.add_all(
+            tq.Task(name="rare.job" if index in (5, 250) else "common.job", params={"n": index})
+            for index in range(300)
+        )
+        session.commit()
+    client = client_of(create_app(queue))
+    found: list[int] = []
+    windows = 0
+    url: str | None = "/tasks?name=rare.job"
+    while url is not None:
+        page = client.get(url).text
+        found.extend(int(i) for i in re.findall(r'data-task-id="(\d+)"', page))
+        if "Searched ids down to" in page:
+            windows += 1
+        link = re.search(r'<a data-next-page href="([^"]+)"', page)
+        url = link.group(1).replace("&amp;", "&") if link else None
+    t = tq.Task.__table__
+    with queue.engine.connect() as conn:
+        rare = list(conn.scalars(sa.select(t.c.id).where(t.c.name == "rare.job").order_by(t.c.id.desc())))
+    assert found == rare
+    assert windows >= 2  # it stopped at a window's end at least twice before reaching the oldest id
