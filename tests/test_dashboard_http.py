@@ -474,3 +474,12 @@ def test_a_filtered_page_searches_a_bounded_id_window_then_offers_older(
         rare = list(conn.scalars(sa.select(t.c.id).where(t.c.name == "rare.job").order_by(t.c.id.desc())))
     assert found == rare
     assert windows >= 2  # it stopped at a window's end at least twice before reaching the oldest id
+
+
+def test_a_database_it_cannot_reach_is_a_503_page_without_the_password() -> None:
+    unreachable = f"postgresql+psycopg://app:{PASSWORD}@127.0.0.1:1/app?connect_timeout=2"
+    client = client_of(create_app(unreachable))
+    response = client.get("/tasks")
+    assert response.status_code == 503
+    assert "could not be reached" in response.text
+    assert PASSWORD not in response.text

@@ -20,8 +20,7 @@ The table's indexes decide the shape of each query:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -81,7 +80,6 @@ class TaskPage:
     next_before: int | None
     #: The lowest id searched when the page stopped at its scan window (then ``rows`` may be short).
     searched_down_to: int | None = None
-    columns: Sequence[str] = field(default_factory=tuple)
 
 
 def queue_rows(
@@ -187,19 +185,8 @@ def task_page(
     more = len(rows) > limit
     rows = rows[:limit]
     if more:
-        return TaskPage(rows=rows, next_before=rows[-1]["id"], columns=[c.name for c in columns])
+        return TaskPage(rows=rows, next_before=rows[-1]["id"])
     if window_floor is not None and lowest is not None and window_floor > lowest:
         # The window ended before the page filled: older ids were not searched yet.
-        return TaskPage(
-            rows=rows,
-            next_before=window_floor,
-            searched_down_to=window_floor,
-            columns=[c.name for c in columns],
-        )
-    return TaskPage(rows=rows, next_before=None, columns=[c.name for c in columns])
-
-
-def queue_names(engine: Engine, table: Table) -> list[str]:
-    """The distinct queue names in the table, for the filter's choices (a scan; the overview has them)."""
-    with engine.connect() as conn:
-        return list(conn.scalars(select(table.c.queue).distinct().order_by(table.c.queue)))
+        return TaskPage(rows=rows, next_before=window_floor, searched_down_to=window_floor)
+    return TaskPage(rows=rows, next_before=None)
