@@ -194,8 +194,14 @@ def seed(engine: sa.Engine, queue: tq.TaskQueue, *, extra_queued: int = 0) -> Se
     assert queue.cancel(cancelled)
     queued = [
         enqueue(engine, queue, "images.resize", {"path": f"/uploads/photo-{n}.jpg", "width": 320}, priority=n)
-        for n in range(2 + extra_queued)
+        for n in range(2)
     ]
+    if extra_queued:
+        with Session(engine) as session:
+            params = [{"path": f"/uploads/scan-{n}.png", "width": 1024} for n in range(extra_queued)]
+            queue.enqueue_many(session, "images.resize", params)
+            session.commit()
+        queued = [id for id, status in statuses(engine).items() if status == "queued"]
     queue.pause("images")
     return Seeded(queued, running, completed, failed, cancelled, worker_id)
 
