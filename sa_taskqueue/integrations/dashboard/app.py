@@ -194,6 +194,10 @@ def _refused(message: str) -> HTMLResponse:
     return HTMLResponse(body, status_code=401, headers={"WWW-Authenticate": "Bearer"})
 
 
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
+
+
 def _escape(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;")
 
@@ -304,13 +308,12 @@ class Dashboard:
 
     async def unavailable(self, request: Request, error: Exception) -> Response:
         """A page that could not read the database: what the driver said, without secrets."""
-        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
         return self.render(
             request,
             "error.html",
             page="error",
             status_code=503,
-            message=f"The database refused or could not be reached: {self.redactor.text(first)}",
+            message=f"The database refused or could not be reached: {self.redactor.text(_first_line(error))}",
         )
 
     # Pages --------------------------------------------------------------------
@@ -412,22 +415,27 @@ class Dashboard:
         return self.render(request, "schedules.html", "schedules", rows=rows)
 
     async def health(self, request: Request) -> Response:
+        """The self-test and the table health, each shown even when the other could not run.
+
+        The self-test writes (and removes) probe rows in the control table, as
+        a worker's start does; on a database that refuses writes (a replica)
+        it fails with the database's reason, and the table health still shows.
+        """
         queue = self.queue
 
-        def measure() -> tuple[Any, Any, str]:
-            footing = queue.check_footing()
-            return footing, queue.table_health(), queue.strategy.name
+        def measure() -> dict[str, Any]:
+            found: dict[str, Any] = {"footing": None, "footing_error": None}
+            found["strategy"] = queue.strategy.name
+            try:
+                found["footing"] = queue.check_footing()
+            except (TaskQueueError, sa.exc.SQLAlchemyError) as error:
+                found["footing_error"] = self.redactor.text(_first_line(error))
+            table_health = queue.table_health()
+            found["table_health"] = table_health
+            found["table_lines"] = [self.redactor.text(line) for line in health_lines(table_health)]
+            return found
 
-        footing, table_health, strategy = await run_in_threadpool(measure)
-        return self.render(
-            request,
-            "health.html",
-            "health",
-            footing=footing,
-            table_health=table_health,
-            table_lines=[self.redactor.text(line) for line in health_lines(table_health)],
-            strategy=strategy,
-        )
+        return self.render(request, "health.html", "health", **await run_in_threadpool(measure))
 
     # Actions ------------------------------------------------------------------
 
