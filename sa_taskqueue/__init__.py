@@ -33,6 +33,13 @@ from sa_taskqueue.core.exceptions import (
 )
 from sa_taskqueue.core.model import Base, Task, TaskMixin, TaskStatus, metadata
 from sa_taskqueue.core.registered import RegisteredTask, TaskWithOptions
+from sa_taskqueue.features.live_workers import (
+    LiveWorker,
+    RunningTask,
+    UnservedTasks,
+    list_live_workers,
+    unserved_tasks,
+)
 from sa_taskqueue.health import HealthThresholds, TableHealth
 from sa_taskqueue.health.self_test import FootingReport
 from sa_taskqueue.queue import TaskQueue
@@ -66,10 +73,12 @@ __all__ = [
     "FootingError",
     "FootingReport",
     "HealthThresholds",
+    "LiveWorker",
     "MalformedTask",
     "PoolTooSmall",
     "RegisteredTask",
     "ResultTimeout",
+    "RunningTask",
     "SchemaMissing",
     "StrategyError",
     "SyncCallOnEventLoop",
@@ -86,10 +95,13 @@ __all__ = [
     "TaskResultError",
     "TaskStatus",
     "TaskWithOptions",
+    "UnservedTasks",
     "Worker",
     "WorkerEvent",
     "backends",
     "health",
+    "list_live_workers",
     "metadata",
     "strategies",
+    "unserved_tasks",
 ]

@@ -679,6 +679,8 @@ def status(ctx: click.Context, app_argument: str | None, app: str | None, url: s
     if report.unregistered is not None:
         console.print(unregistered_line(report.unregistered), markup=False, soft_wrap=True)
     with for_people(ctx, target.url):
+        console.print(_on_queue(target.queue, workers.unserved_line), markup=False, soft_wrap=True)
+    with for_people(ctx, target.url):
         paused = sorted(_on_queue(target.queue, read_paused))
     console.print(f"paused queues: {', '.join(paused) if paused else 'none'}", markup=False, soft_wrap=True)
 
@@ -1153,6 +1155,10 @@ def demo(ctx: click.Context, tasks: int, workers: int, url: str) -> None:
     twice = sorted(n for n, count in summary.runs_per_task.items() if count > 1)
     missing = sorted(set(range(summary.tasks)) - set(summary.runs_per_task))
     raise Failure(f"NOT exactly once: ran twice {twice[:10]}, never ran {missing[:10]}")
+
+
+# The commands of modules of their own, which register on `cli` as they are imported.
+from sa_taskqueue.cli import workers  # noqa: E402
 
 
 def main() -> None:

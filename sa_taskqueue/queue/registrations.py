@@ -8,9 +8,11 @@ them (`sa_taskqueue.features.schedules`).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
 from sa_taskqueue.core import validation
@@ -72,6 +74,8 @@ class Registrations:
             raise ValueError("concurrency_key needs a concurrency_limit")
 
         def register(func: Callable[P, R]) -> RegisteredTask[P, R]:
+            if name is None:
+                check_importable_module(func)
             task_name = name if name is not None else f"{func.__module__}.{func.__qualname__}"
             if not isinstance(task_name, str) or not task_name:
                 raise ValueError(f"task name must be a non-empty string, got {task_name!r}")
@@ -121,4 +125,36 @@ class Registrations:
         return register_periodic
 
 
-__all__ = ["Registrations"]
+def check_importable_module(func: Callable[..., Any]) -> None:
+    """Refuse to name a task after a module run as a script: no worker would find that name.
+
+    A script run directly (``python app.py``, ``python -m app``) is the
+    module ``__main__``, so its function ``hello`` would be stored as
+    ``__main__.hello``, while a worker imports the module by its real name
+    and registers ``app.hello``: the tasks would wait for ever, unclaimed.
+    """
+    if func.__module__ != "__main__":
+        return
+    qualname = func.__qualname__
+    real = _script_module_name()
+    as_imported = f" (as {real}.{qualname})" if real else ""
+    raise ValueError(
+        f"cannot name task {qualname!r} after its module: it is defined in a script run directly, "
+        f"the module __main__, so it would be stored as '__main__.{qualname}', a name no worker finds: "
+        f"a worker imports the module by its real name{as_imported} and registers that. Give the task "
+        f'a name of its own (@queue.task(name="{qualname}")), or register it in a module the script '
+        "imports"
+    )
+
+
+def _script_module_name() -> str | None:
+    """The name the script run as ``__main__`` has when imported (``app`` for ``python app.py``)."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and spec.name and spec.name != "__main__":
+        return str(spec.name).removesuffix(".__main__")
+    path = getattr(main, "__file__", None)
+    return Path(path).stem if isinstance(path, str) else None
+
+
+__all__ = ["Registrations", "check_importable_module"]

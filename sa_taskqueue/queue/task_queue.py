@@ -26,6 +26,7 @@ from sa_taskqueue.core.unawaited import EnqueueCoroutine
 from sa_taskqueue.features import retention as retention_rows
 from sa_taskqueue.features.admin import cancel_task
 from sa_taskqueue.features.concurrency import ConcurrencyClaims
+from sa_taskqueue.features.live_workers import LiveWorkers
 from sa_taskqueue.features.pausing import QueuePauses
 from sa_taskqueue.features.results import DEFAULT_POLL_INTERVAL, Results
 from sa_taskqueue.features.retention import Retention
@@ -36,6 +37,7 @@ from sa_taskqueue.queue.attached import run_attached
 from sa_taskqueue.queue.claiming import Claims
 from sa_taskqueue.queue.claims_and_outcomes import ClaimsAndOutcomes
 from sa_taskqueue.queue.enqueuing import Enqueuing
+from sa_taskqueue.queue.live import LiveWorkersListing
 from sa_taskqueue.queue.outcomes import Outcomes
 from sa_taskqueue.queue.parts import QueueParts
 from sa_taskqueue.queue.registrations import Registrations
@@ -58,7 +60,7 @@ DEFAULT_LEASE = timedelta(minutes=5)
 DEFAULT_MAX_RETRY_DELAY = timedelta(hours=1)
 
 
-class TaskQueue(ClaimsAndOutcomes):
+class TaskQueue(ClaimsAndOutcomes, LiveWorkersListing):
     """A task queue on one table of one database.
 
     ``bind`` is an `Engine` or a `sessionmaker` bound to one, or an
@@ -125,6 +127,7 @@ class TaskQueue(ClaimsAndOutcomes):
         self._concurrency = ConcurrencyClaims(parts, self._tasks)
         self._schedules = Schedules(parts, self._periodic_values)
         self._results = Results(parts)
+        self.live_workers = LiveWorkers(parts)
         #: The lifecycle events of this queue's tasks and workers in this process: subscribe here.
         self.events = EventStream()
         self._enqueuing = Enqueuing(parts, model, self._tasks, self.events)

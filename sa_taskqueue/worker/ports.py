@@ -18,6 +18,7 @@ from sqlalchemy import Engine, Table
 from sa_taskqueue.core.claimed import ClaimedTask
 from sa_taskqueue.core.events import EventStream
 from sa_taskqueue.core.registered import RegisteredTask
+from sa_taskqueue.features.live_workers import LiveWorkers
 from sa_taskqueue.features.pausing import PausedQueues
 from sa_taskqueue.features.schedules import PeriodicTask, ScheduleSource
 from sa_taskqueue.features.transactional import TransactionalQueue
@@ -35,6 +36,10 @@ class WorkerQueue(TransactionalQueue, ScheduleSource, Protocol):
     @property
     def paused(self) -> PausedQueues:
         """The paused queues: kept fresh by the worker's `PauseWatch`, read again when they changed."""
+
+    @property
+    def live_workers(self) -> LiveWorkers:
+        """The live-worker registry: the worker runs its service to be listed while it runs."""
 
     @property
     def lease(self) -> timedelta:

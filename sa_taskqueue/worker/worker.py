@@ -39,6 +39,7 @@ from sa_taskqueue.core.exceptions import DatabaseUnavailable
 from sa_taskqueue.core.notify import can_listen
 from sa_taskqueue.core.redaction import Redactor
 from sa_taskqueue.core.services import Service
+from sa_taskqueue.features.live_workers import heartbeat_of
 from sa_taskqueue.features.pausing import PauseWatch
 from sa_taskqueue.features.retention import RetentionService
 from sa_taskqueue.features.schedules import ScheduleService
@@ -350,6 +351,17 @@ class Worker:
         """The background services this run starts beside the claim loop."""
         # The paused queues, kept fresh off the claim path: no claim waits for their read.
         services: list[Service] = [PauseWatch(self.queue.paused)]
+        # Its row in the live-worker table, kept while it runs; and what no live worker serves, said.
+        services.append(
+            self.queue.live_workers.service(
+                self.worker_id,
+                queues=self.queues,
+                task_names=self.queue.task_names,
+                concurrency=self.concurrency,
+                heartbeat=heartbeat_of(self._lease.heartbeat_seconds),
+                unavailable=self._outages.trouble,
+            )
+        )
         interval = self.queue.retention_interval
         if self.queue.retention and interval is not None and not self.burst:
             services.append(
