@@ -8,7 +8,9 @@ dashboard changes nothing.  No page shows the database's password.
 
 from __future__ import annotations
 
+import html
 import re
+import threading
 import warnings
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -23,8 +25,10 @@ from sqlalchemy.pool import NullPool
 
 import sa_taskqueue as tq
 from sa_taskqueue.cli.main import cli
+from sa_taskqueue.features.live_workers import list_live_workers
 from sa_taskqueue.features.pausing import read_paused
 from tests.backends import ASYNC_DRIVERS, Backend, async_url
+from tests.helpers import wait_until
 
 with warnings.catch_warnings():
     # Starlette's TestClient on httpx (it points at httpx2); the suite's FastAPI tests use the same client.
@@ -483,3 +487,24 @@ def test_a_database_it_cannot_reach_is_a_503_page_without_the_password() -> None
     assert response.status_code == 503
     assert "could not be reached" in response.text
     assert PASSWORD not in response.text
+
+
+def test_the_workers_page_lists_a_running_worker_and_the_tasks_no_worker_serves(
+    queue: tq.TaskQueue, seeded: dict[str, int]
+) -> None:
+    with Session(queue.engine) as session:
+        session.add(tq.Task(name="billing.v2", queue="mail"))  # no worker registers it
+        session.commit()
+    worker = tq.Worker(queue, queues=["mail"], watchdog=False, poll_interval=0.1)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: list_live_workers(queue.engine, queue.table), 30, "the worker to register")
+        page = client_of(create_app(queue)).get("/workers")
+        assert page.status_code == 200
+        assert f'<tr data-worker-id="{html.escape(worker.worker_id)}">' in page.text
+        assert 'data-unserved="mail/billing.v2"' in page.text
+    finally:
+        worker.stop()
+        thread.join(timeout=30)
+    assert 'data-worker-id="' not in client_of(create_app(queue)).get("/workers").text

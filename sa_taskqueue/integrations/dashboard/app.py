@@ -40,6 +40,7 @@ from sa_taskqueue.core.model import TaskStatus
 from sa_taskqueue.core.redaction import Redactor
 from sa_taskqueue.features import admin, schedules
 from sa_taskqueue.features.admin import Admin, Undecodable
+from sa_taskqueue.features.live_workers import list_live_workers, unserved_tasks
 from sa_taskqueue.features.pausing import read_paused
 from sa_taskqueue.health import health_lines
 from sa_taskqueue.integrations.dashboard import reads
@@ -390,7 +391,14 @@ class Dashboard:
         )
 
     async def workers(self, request: Request) -> Response:
-        return self.render(request, "workers.html", "workers", workers=None)
+        """The live-worker registry: who runs, what each runs, and the due tasks nobody serves."""
+        now = self.queue.clock()
+
+        def read(engine: sa.Engine, table: sa.Table) -> tuple[Any, Any]:
+            return list_live_workers(engine, table, now=now), unserved_tasks(engine, table, now=now)
+
+        workers, unserved = await self.db(read)
+        return self.render(request, "workers.html", "workers", workers=workers, unserved=unserved)
 
     async def schedules(self, request: Request) -> Response:
         app = self.app
