@@ -9,6 +9,7 @@ dashboard changes nothing.  No page shows the database's password.
 from __future__ import annotations
 
 import html
+import logging
 import re
 import threading
 import warnings
@@ -24,6 +25,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
 import sa_taskqueue as tq
+from sa_taskqueue.cli.dashboard import _HideToken, is_loopback
 from sa_taskqueue.cli.main import cli
 from sa_taskqueue.features.live_workers import list_live_workers
 from sa_taskqueue.features.pausing import read_paused
@@ -508,3 +510,19 @@ def test_the_workers_page_lists_a_running_worker_and_the_tasks_no_worker_serves(
         worker.stop()
         thread.join(timeout=30)
     assert 'data-worker-id="' not in client_of(create_app(queue)).get("/workers").text
+
+
+def test_the_command_keeps_the_token_out_of_the_access_log_and_knows_loopback_addresses() -> None:
+    record = logging.LogRecord(
+        "uvicorn.access",
+        logging.INFO,
+        "",
+        0,
+        '%s - "%s %s"',
+        ("127.0.0.1:1", "GET", f"/?a=1&token={TOKEN}"),
+        None,
+    )
+    assert _HideToken().filter(record)
+    assert TOKEN not in record.getMessage() and "token=***" in record.getMessage()
+    assert all(is_loopback(host) for host in ("127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost"))
+    assert not any(is_loopback(host) for host in ("0.0.0.0", "::", "10.0.0.5", "example.com"))
