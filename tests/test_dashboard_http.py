@@ -255,8 +255,10 @@ def test_each_action_changes_the_database(queue: tq.TaskQueue, seeded: dict[str,
     assert status_of(engine, queued) == "cancelled"
 
     completed = seeded["completed"]
-    post(client, f"/tasks/{completed}", f"/tasks/{completed}/delete")
+    response = post(client, f"/tasks/{completed}", f"/tasks/{completed}/delete")
     assert status_of(engine, completed) is None
+    assert response.headers["location"] == "/tasks"  # its own page is gone
+    assert "is deleted" in client.get("/tasks").text
 
     # A running task is not deleted (its worker would lose its outcome): refused, with a message.
     running = seeded["running"]

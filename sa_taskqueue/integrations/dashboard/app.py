@@ -217,6 +217,8 @@ class BadInput(ValueError):
 class Flash:
     kind: str  # "ok" or "error"
     text: str
+    #: Where to go instead of the form's page (which the action may have removed).
+    go: str | None = None
 
 
 class Dashboard:
@@ -471,7 +473,7 @@ class Dashboard:
             flash = await act()
         except (TaskQueueError, ValueError, TypeError) as error:
             flash = Flash("error", self.redactor.text(str(error)))
-        response = RedirectResponse(mount_point(request) + next_path, status_code=303)
+        response = RedirectResponse(mount_point(request) + (flash.go or next_path), status_code=303)
         response.set_cookie(
             FLASH_COOKIE,
             quote(f"{flash.kind}:{flash.text[:500]}"),
@@ -502,7 +504,8 @@ class Dashboard:
                 return Flash("error", f"Task {task_id} is not queued: nothing cancelled.")
             if action == "delete":
                 if await self.db(lambda engine, table: Admin(engine, table).delete(task_id)):
-                    return Flash("ok", f"Task {task_id} is deleted.")
+                    # Its own page is gone: back to the list.
+                    return Flash("ok", f"Task {task_id} is deleted.", go="/tasks")
                 return Flash("error", f"Task {task_id} is not finished (or is gone): nothing deleted.")
             raise BadInput(f"unknown action {action!r}: retry, cancel or delete")
 
