@@ -114,17 +114,14 @@ def queue_rows(
 def throughput(engine: Engine, table: Table, now: datetime) -> Throughput:
     """Completed and failed tasks per minute over the last `CHART_MINUTES` minutes, by ``finished_at``.
 
-    One query: the minute of each row is a CASE over the minute boundaries,
-    counted by the database, so no row leaves it; the ``(status,
-    finished_at)`` index serves the range.
+    One query per status (its literal lets the partial index serve it),
+    counted by the database, so no row leaves it: the minute of each row is
+    a CASE over the minute boundaries, nested as a binary search (six tests a
+    row, not up to sixty); the ``(status, finished_at)`` index serves the range.
     """
     end = now.replace(second=0, microsecond=0) + timedelta(minutes=1)
     start = end - timedelta(minutes=CHART_MINUTES)
-    bounds = [start + timedelta(minutes=minute + 1) for minute in range(CHART_MINUTES)]
-    minute = case(
-        *((table.c.finished_at < bound, literal(index)) for index, bound in enumerate(bounds)),
-        else_=literal(CHART_MINUTES - 1),
-    ).label("minute")
+    minute = _minute_of(table.c.finished_at, start, 0, CHART_MINUTES).label("minute")
     completed = [0] * CHART_MINUTES
     failed = [0] * CHART_MINUTES
     with engine.connect() as conn:
@@ -138,6 +135,17 @@ def throughput(engine: Engine, table: Table, now: datetime) -> Throughput:
             for index, count in rows:
                 into[int(index)] = int(count)
     return Throughput(start=start, completed=completed, failed=failed)
+
+
+def _minute_of(column: Any, start: datetime, low: int, high: int) -> Any:
+    """The minute ``low <= m < high`` after ``start`` that ``column`` falls in, as nested CASEs."""
+    if high - low == 1:
+        return literal(low)
+    middle = (low + high) // 2
+    return case(
+        (column < start + timedelta(minutes=middle), _minute_of(column, start, low, middle)),
+        else_=_minute_of(column, start, middle, high),
+    )
 
 
 def task_page(
