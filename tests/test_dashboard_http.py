@@ -528,3 +528,22 @@ def test_the_command_keeps_the_token_out_of_the_access_log_and_knows_loopback_ad
     assert TOKEN not in record.getMessage() and "token=***" in record.getMessage()
     assert all(is_loopback(host) for host in ("127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost"))
     assert not any(is_loopback(host) for host in ("0.0.0.0", "::", "10.0.0.5", "example.com"))
+
+
+def test_the_chart_counts_each_finished_task_in_its_minute(queue: tq.TaskQueue) -> None:
+    now = datetime(2026, 1, 1, 12, 0, 30, tzinfo=UTC)  # the chart spans 11:01:00 to 12:01:00
+    finished = {
+        datetime(2026, 1, 1, 11, 0, 59, tzinfo=UTC): "completed",  # before the hour: left out
+        datetime(2026, 1, 1, 11, 1, 0, tzinfo=UTC): "completed",  # minute 0
+        datetime(2026, 1, 1, 11, 55, 0, tzinfo=UTC): "completed",  # minute 54
+        datetime(2026, 1, 1, 11, 55, 59, tzinfo=UTC): "failed",  # minute 54
+        datetime(2026, 1, 1, 12, 0, 59, tzinfo=UTC): "completed",  # minute 59
+        datetime(2026, 1, 1, 12, 1, 0, tzinfo=UTC): "failed",  # after the end: left out
+    }
+    with Session(queue.engine) as session:
+        session.add_all(tq.Task(name="x", status=status, finished_at=at) for at, status in finished.items())
+        session.commit()
+    chart = reads.throughput(queue.engine, queue.table, now)
+    assert chart.start == datetime(2026, 1, 1, 11, 1, tzinfo=UTC)
+    assert {i: n for i, n in enumerate(chart.completed) if n} == {0: 1, 54: 1, 59: 1}
+    assert {i: n for i, n in enumerate(chart.failed) if n} == {54: 1}
