@@ -371,6 +371,17 @@ def test_a_host_callable_decides_who_gets_in(queue: tq.TaskQueue, seeded: dict[s
     assert asked  # the callable was asked
 
 
+def test_an_async_host_callable_is_awaited_and_only_true_lets_in(queue: tq.TaskQueue) -> None:
+    async def staff_only(request: Any) -> bool:
+        return request.headers.get("x-staff") == "yes"
+
+    client = client_of(create_app(queue, auth=staff_only))
+    assert client.get("/").status_code == 401
+    assert client.get("/", headers={"X-Staff": "yes"}).status_code == 200
+    # A truthy answer that is not True (a forgotten comparison, a user object) is a refusal.
+    assert client_of(create_app(queue, auth=lambda request: "yes")).get("/").status_code == 401
+
+
 def test_create_app_refuses_an_empty_token_and_a_bad_auth(queue: tq.TaskQueue) -> None:
     with pytest.raises(ValueError, match="empty token"):
         create_app(queue, auth="")

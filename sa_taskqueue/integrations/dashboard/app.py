@@ -173,11 +173,7 @@ class Guarded:
                 secure=request.url.scheme == "https",
             )
             return response
-        allowed = guard.allowed(request) if isinstance(guard.auth, str) else None
-        if allowed is None:
-            # The host application's own check: it may block (a database lookup), so not on the loop.
-            allowed = await run_in_threadpool(guard.allowed, request)
-        if not allowed:
+        if not await guard.allowed(request):
             return _refused(
                 "Send the dashboard's token (Authorization: Bearer TOKEN), or open a page with ?token=TOKEN."
                 if isinstance(guard.auth, str)

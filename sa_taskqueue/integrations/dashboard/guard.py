@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import inspect
 import secrets
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlencode
 
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 
 #: The session cookie set after a page is opened with ``?token=``.
@@ -75,12 +77,24 @@ class Guard:
         session = secrets.token_urlsafe(24)
         return f"{session}.{self._sign('session', session)}"
 
-    def allowed(self, request: Request) -> bool:
-        """Whether ``request`` may see the dashboard."""
+    async def allowed(self, request: Request) -> bool:
+        """Whether ``request`` may see the dashboard.
+
+        A host callable runs in a thread (it may block on a database lookup),
+        or is awaited when it is a coroutine function; only ``True`` lets the
+        request in, so a coroutine returned by mistake is a refusal, not a pass.
+        """
         if self.auth is None:
             return True
         if callable(self.auth):
-            return bool(self.auth(request))
+            check = self.auth
+            if inspect.iscoroutinefunction(check):
+                verdict = await check(request)
+            else:
+                verdict = await run_in_threadpool(check, request)
+            if inspect.isawaitable(verdict):
+                verdict = await verdict
+            return verdict is True
         scheme, _, credentials = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() == "bearer" and self.token_matches(credentials.strip()):
             return True
