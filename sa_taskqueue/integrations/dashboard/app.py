@@ -97,7 +97,8 @@ def create_app(
     None (anyone who reaches it may use it: bind it to a loopback address, or
     guard the mount), a token (sent as ``Authorization: Bearer <token>``, or
     once as ``?token=<token>``, which sets a session cookie), or a callable
-    taking the Starlette `Request` and returning whether to let it in.
+    taking the Starlette `Request` and returning True to let it in (run in a
+    thread; an ``async def`` is awaited).
     ``read_only`` renders no actions and refuses every POST.
 
     Mount it anywhere (``app.mount("/queue", create_app(queue))``): its links
