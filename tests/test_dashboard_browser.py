@@ -409,8 +409,9 @@ def test_delete_removes_the_row(
     open_page(page, f"{dashboards.plain}/tasks/{target}", "task")
     expect(page.locator('[data-field="result"]')).to_contain_text("sent_to")
     click_action(page, "delete")
-    # The task's page is gone: the dashboard lands somewhere that still exists (the collector fails a 404).
-    expect(page.locator("main[data-page]")).to_be_visible()
+    # The task's page is gone: the dashboard lands on the task list instead.
+    expect(page.locator('main[data-page="tasks"]')).to_be_visible()
+    expect(page.locator(f'tr[data-task-id="{target}"]')).to_have_count(0)
     after = statuses(engine)
     assert target not in after
     del before[target]
