@@ -136,7 +136,7 @@ def problems() -> Problems:
 
 @pytest.fixture(scope="module")
 def context(browser: Browser) -> Iterator[BrowserContext]:
-    context = browser.new_context(viewport={"width": 1280, "height": 860})
+    context = browser.new_context(viewport={"width": 1280, "height": 600})
     context.set_default_timeout(10_000)
     yield context
     context.close()
