@@ -11,12 +11,14 @@ from __future__ import annotations
 import html
 import logging
 import re
+import socket
 import threading
 import warnings
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import httpx
 import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner
@@ -25,12 +27,12 @@ from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
 import sa_taskqueue as tq
-from sa_taskqueue.cli.dashboard import _HideToken, is_loopback
+from sa_taskqueue.cli.dashboard import TOKEN_ENV, _HideToken, is_loopback
 from sa_taskqueue.cli.main import cli
 from sa_taskqueue.features.live_workers import list_live_workers
 from sa_taskqueue.features.pausing import read_paused
 from tests.backends import ASYNC_DRIVERS, Backend, async_url
-from tests.helpers import wait_until
+from tests.helpers import start_cli, wait_until
 
 with warnings.catch_warnings():
     # Starlette's TestClient on httpx (it points at httpx2); the suite's FastAPI tests use the same client.
@@ -558,3 +560,40 @@ def test_the_chart_counts_each_finished_task_in_its_minute(queue: tq.TaskQueue) 
     assert chart.start == datetime(2026, 1, 1, 11, 1, tzinfo=UTC)
     assert {i: n for i, n in enumerate(chart.completed) if n} == {0: 1, 54: 1, 59: 1}
     assert {i: n for i, n in enumerate(chart.failed) if n} == {54: 1}
+
+
+@pytest.mark.slow  # a real process
+def test_the_command_serves_the_apps_dashboard_behind_its_token(backend: Backend, engine: sa.Engine) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = start_cli(
+        "dashboard",
+        "tests.periodic_app:cli_queue",
+        "--port",
+        str(port),
+        url=backend.url,
+        **{TOKEN_ENV: TOKEN},
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+
+        def answers() -> bool:
+            try:
+                return httpx.get(f"{base}/", timeout=2).status_code == 401
+            except httpx.TransportError:
+                assert server.poll() is None, server.communicate()
+                return False
+
+        wait_until(answers, 60, "the dashboard to listen")
+        with httpx.Client(base_url=base, timeout=10) as browser:
+            opened = browser.get(f"/schedules?token={TOKEN}", follow_redirects=True)
+            assert opened.status_code == 200
+            assert str(opened.url) == f"{base}/schedules"
+            assert '<tr data-schedule="nightly_paris">' in opened.text and "Europe/Paris" in opened.text
+    finally:
+        server.terminate()
+        out, err = server.communicate(timeout=30)
+    assert f"http://127.0.0.1:{port}/" in out
+    assert TOKEN not in out + err  # the access log shows ?token=***
+    assert "token=***" in out + err
