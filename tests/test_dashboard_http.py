@@ -22,6 +22,7 @@ import httpx
 import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner
+from fastapi import FastAPI
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
@@ -33,6 +34,7 @@ from sa_taskqueue.features.live_workers import list_live_workers
 from sa_taskqueue.features.pausing import read_paused
 from tests.backends import ASYNC_DRIVERS, Backend, async_url
 from tests.helpers import start_cli, wait_until
+from tests.own_table import Job, JobBase
 
 with warnings.catch_warnings():
     # Starlette's TestClient on httpx (it points at httpx2); the suite's FastAPI tests use the same client.
@@ -597,3 +599,35 @@ def test_the_command_serves_the_apps_dashboard_behind_its_token(backend: Backend
     assert f"http://127.0.0.1:{port}/" in out
     assert TOKEN not in out + err  # the access log shows ?token=***
     assert "token=***" in out + err
+
+
+def test_an_apps_own_task_table_mounted_in_fastapi(engine: sa.Engine) -> None:
+    """A queue on the application's own table (TaskMixin on its Base), under a FastAPI mount."""
+    JobBase.metadata.create_all(engine)
+    jobs = Job.__table__
+    with engine.begin() as conn:
+        conn.execute(jobs.delete())
+    queue = tq.TaskQueue(engine, model=Job)
+    try:
+        with Session(engine) as session:
+            failed = Job(
+                name="report.build", queue="reports", status="failed", last_error="RuntimeError: no data"
+            )
+            session.add_all([failed, Job(name="mail.send", queue="mail")])
+            session.commit()
+            failed_id = failed.id
+        host = FastAPI()
+        host.mount("/queue", create_app(queue))
+        client = client_of(host)
+        assert '<tr data-queue="reports">' in client.get("/queue/").text
+        assert f'data-task-id="{failed_id}"' in client.get("/queue/tasks").text
+        assert "RuntimeError: no data" in client.get(f"/queue/tasks/{failed_id}").text
+        response = post(client, f"/queue/tasks/{failed_id}", f"/queue/tasks/{failed_id}/retry", next="/")
+        assert response.headers["location"] == "/queue/"
+        with engine.connect() as conn:
+            assert conn.scalar(sa.select(jobs.c.status).where(jobs.c.id == failed_id)) == "queued"
+        # The library's own table was never touched.
+        assert all_rows(engine) == []
+    finally:
+        queue.close()
+        JobBase.metadata.drop_all(engine)
