@@ -631,3 +631,15 @@ def test_an_apps_own_task_table_mounted_in_fastapi(engine: sa.Engine) -> None:
     finally:
         queue.close()
         JobBase.metadata.drop_all(engine)
+
+
+def test_a_huge_value_is_cut_on_the_page_saying_how_much(queue: tq.TaskQueue) -> None:
+    with Session(queue.engine) as session:
+        task = tq.Task(name="big", params={"blob": "x" * 150_000}, status="failed", last_error="E" * 120_000)
+        session.add(task)
+        session.commit()
+        task_id = task.id
+    page = client_of(create_app(queue)).get(f"/tasks/{task_id}").text
+    assert "x" * 150_000 not in page and "E" * 120_000 not in page
+    assert "20,000 more characters not shown" in page  # of the error: 120,000 - 100,000
+    assert len(page) < 250_000

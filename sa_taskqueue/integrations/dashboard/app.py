@@ -61,6 +61,9 @@ HERE = Path(__file__).parent
 #: The table a dashboard given an Engine or a URL shows.
 DEFAULT_TABLE = "sa_taskqueue_task"
 
+#: The most characters a page shows of one value (params, result, an error).
+SHOWN_LENGTH = 100_000
+
 #: What a task's page shows, in order, beside params, result, headers and the last error.
 TASK_FIELDS = (
     "id",
@@ -260,18 +263,29 @@ class Dashboard:
         return await run_in_threadpool(queue.run_sync, lambda: fn(queue.engine, queue.table))
 
     def shown(self, value: Any) -> str:
-        """A stored value as a page shows it: JSON indented, times ISO, secrets of the URL hidden."""
+        """A stored value as a page shows it: JSON indented, times ISO, secrets of the URL hidden.
+
+        A value longer than `SHOWN_LENGTH` is cut, saying how much was left out
+        (``sa-taskqueue show ID --json`` prints it whole): a page stays light
+        whatever a task was given.
+        """
         if value is None:
             return "—"
-        if isinstance(value, Undecodable):
-            return self.redactor.text(value.text)
         if isinstance(value, datetime):
             return when(value)
-        if isinstance(value, (dict, list)):
-            return json.dumps(self.redactor.value(value), indent=2, sort_keys=True, default=str)
         if isinstance(value, TaskStatus):
             return value.value
-        return self.redactor.text(str(value))
+        # Scrubbed before the cut, so no cut leaves part of a secret in view; JSON
+        # string by string, as a secret holding a quote is written escaped in JSON text.
+        if isinstance(value, Undecodable):
+            text = self.redactor.text(value.text)
+        elif isinstance(value, (dict, list)):
+            text = json.dumps(self.redactor.value(value), indent=2, sort_keys=True, default=str)
+        else:
+            text = self.redactor.text(str(value))
+        if len(text) > SHOWN_LENGTH:
+            text = f"{text[:SHOWN_LENGTH]}\n… {len(text) - SHOWN_LENGTH:,} more characters not shown"
+        return text
 
     def render(
         self, request: Request, template: str, page: str, status_code: int = 200, **context: Any
