@@ -574,6 +574,8 @@ def test_the_command_serves_the_apps_dashboard_behind_its_token(backend: Backend
         "tests.periodic_app:cli_queue",
         "--port",
         str(port),
+        "--root-path",
+        "/ops/queue",  # as behind a proxy that strips it before the request arrives
         url=backend.url,
         **{TOKEN_ENV: TOKEN},
     )
@@ -589,10 +591,16 @@ def test_the_command_serves_the_apps_dashboard_behind_its_token(backend: Backend
 
         wait_until(answers, 60, "the dashboard to listen")
         with httpx.Client(base_url=base, timeout=10) as browser:
-            opened = browser.get(f"/schedules?token={TOKEN}", follow_redirects=True)
+            # Redirected to the same page without the token, under the proxy's path.
+            redirect = browser.get(f"/schedules?token={TOKEN}")
+            assert redirect.status_code == 303 and redirect.headers["location"] == "/ops/queue/schedules"
+            session = redirect.cookies["sa_taskqueue_dashboard"]  # set for /ops/queue/, the browser's path
+            # What the proxy passes on: the path without /ops/queue, the browser's cookie.
+            opened = browser.get("/schedules", headers={"Cookie": f"sa_taskqueue_dashboard={session}"})
             assert opened.status_code == 200
-            assert str(opened.url) == f"{base}/schedules"
             assert '<tr data-schedule="nightly_paris">' in opened.text and "Europe/Paris" in opened.text
+            links = re.findall(r'(?<![-\w])(?:href|action|src)="([^"]+)"', opened.text)
+            assert links and all(link.startswith("/ops/queue/") for link in links)
     finally:
         server.terminate()
         out, err = server.communicate(timeout=30)

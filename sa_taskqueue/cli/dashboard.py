@@ -64,6 +64,12 @@ class _HideToken(logging.Filter):
 @click.option(
     "--read-only", is_flag=True, help="Show everything, change nothing: no actions, every POST refused."
 )
+@click.option(
+    "--root-path",
+    default="",
+    metavar="PATH",
+    help="The path a reverse proxy serves it under, stripped before it arrives (e.g. /ops/queue).",
+)
 @_app_option
 @_url_option
 @click.pass_context
@@ -74,6 +80,7 @@ def dashboard(
     port: int,
     token: str | None,
     read_only: bool,
+    root_path: str,
     app: str | None,
     url: str | None,
 ) -> None:
@@ -89,6 +96,9 @@ def dashboard(
     app = app if app is not None else app_argument
     if token is not None and not token.strip():
         raise click.UsageError("--token is empty: give a token, or leave it out on a loopback address")
+    root_path = root_path.rstrip("/")
+    if root_path and (not root_path.startswith("/") or "//" in root_path):
+        raise click.BadParameter(f"{root_path!r} is not a path such as /ops/queue", param_hint="--root-path")
     if token is None and not is_loopback(host):
         raise Failure(
             f"refusing to serve the dashboard on {host} without a token: anyone who reaches it could read "
@@ -109,10 +119,12 @@ def dashboard(
     with for_people(ctx, target.url):
         web = create_app(shown, auth=token, read_only=read_only)
     where = f"http://{host if ':' not in host else f'[{host}]'}:{port}/"
+    if root_path:
+        where += f" (its links under {root_path}/)"
     click.echo(
         f"dashboard of {target.queue.table.name} at {redactor.url(target.url)}: {where}"
         + (" (open it once with ?token=YOUR_TOKEN)" if token else "")
         + (" (read-only)" if read_only else "")
     )
     logging.getLogger("uvicorn.access").addFilter(_HideToken())
-    uvicorn.run(web, host=host, port=port, log_level="info")
+    uvicorn.run(web, host=host, port=port, root_path=root_path, log_level="info")
