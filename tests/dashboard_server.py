@@ -26,6 +26,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 import sa_taskqueue as tq
+from tests.helpers import wait_until
 
 if TYPE_CHECKING:
     from playwright.sync_api import Browser, Playwright
@@ -183,15 +184,31 @@ def seed(engine: sa.Engine, queue: tq.TaskQueue, *, extra_queued: int = 0) -> Se
     """
     completed = [enqueue(engine, queue, "mail.send_welcome", {"user_id": n}) for n in (1, 2)]
     failed = enqueue(engine, queue, "images.resize", {"path": "/uploads/cat.txt", "width": 640})
-    queue.run_worker(burst=True, queues=["emails", "images"], poll_interval=0.05)
+
+    def ran() -> bool:
+        # A burst worker returns as soon as a claim finds nothing due, which a
+        # task enqueued a moment ago may not be yet on every database's clock.
+        queue.run_worker(burst=True, queues=["emails", "images"], poll_interval=0.05)
+        rows = statuses(engine)
+        return [rows[id] for id in [*completed, failed]] == ["completed", "completed", "failed"]
+
+    wait_until(ran, 30, "the seeded tasks run by a burst worker", every=0.01)
 
     running = enqueue(engine, queue, "mail.send_welcome", {"user_id": 3})
     worker_id = "web-1:4242:seeded"
-    [claimed] = queue.claim(queues=["emails"], worker_id=worker_id)
-    assert claimed.id == running
+    claims: list[list[int]] = []
+
+    def claimed() -> bool:
+        claims.append([task.id for task in queue.claim(queues=["emails"], worker_id=worker_id)])
+        return bool(claims[-1])
+
+    wait_until(claimed, 30, "the claim of the seeded running task", every=0.01)
+    if claims[-1] != [running]:
+        raise AssertionError(f"the seed's claim took {claims[-1]}, not task {running}")
 
     cancelled = enqueue(engine, queue, "mail.send_welcome", {"user_id": 4})
-    assert queue.cancel(cancelled)
+    if not queue.cancel(cancelled):
+        raise AssertionError(f"the seed could not cancel task {cancelled}")
     queued = [
         enqueue(engine, queue, "images.resize", {"path": f"/uploads/photo-{n}.jpg", "width": 320}, priority=n)
         for n in range(2)

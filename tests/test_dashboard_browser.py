@@ -58,11 +58,22 @@ class Dashboards:
     plain: str
     locked: str
     read_only: str
+    host: str
+
+
+#: A page of the host application with each kind of problem the tests fail on.
+BROKEN_PAGE = """<!doctype html><title>broken</title><link rel="icon" href="data:,">
+<img src="/missing.png" alt="">
+<script>console.error("logged by the page"); throw new Error("thrown by the page");</script>"""
 
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
     require_browser()
+    from playwright.sync_api import expect
+
+    # Bounded waits, with room for a CI machine running three sessions on two cores.
+    expect.set_options(timeout=10_000)
     with launch_chromium() as browser:
         yield browser
 
@@ -83,18 +94,24 @@ def dashboards(browser: Browser, dashboard_queue: tq.TaskQueue) -> Iterator[Dash
             raise
         pytest.skip(f"the dashboard's extra is not installed ({error}): pip install -e '.[dev,dashboard]'")
     from starlette.applications import Starlette
-    from starlette.routing import Mount
+    from starlette.responses import HTMLResponse
+    from starlette.routing import Mount, Route
+
+    async def broken(_request: Any) -> HTMLResponse:
+        return HTMLResponse(BROKEN_PAGE)
 
     # The other two are mounted, as a host application would mount them: each
-    # link and form action has to stay under its mount point.
+    # link and form action has to stay under its mount point.  The host's own
+    # broken page shows that the problem collector catches what it should.
     mounted = Starlette(
         routes=[
             Mount(LOCKED, create_app(dashboard_queue, auth=TOKEN)),
             Mount(READ_ONLY, create_app(dashboard_queue, read_only=True)),
+            Route("/broken", broken),
         ]
     )
     with serve(create_app(dashboard_queue)) as plain, serve(mounted) as host:
-        yield Dashboards(plain.base_url, host.base_url + LOCKED, host.base_url + READ_ONLY)
+        yield Dashboards(plain.base_url, host.base_url + LOCKED, host.base_url + READ_ONLY, host.base_url)
 
 
 @dataclass
@@ -209,6 +226,20 @@ def paused_queues(queue: tq.TaskQueue) -> set[str]:
 
 
 # Pages ------------------------------------------------------------------------
+
+
+def test_the_problem_collector_catches_what_the_pages_are_checked_for(
+    dashboards: Dashboards, page: Page, problems: Problems
+) -> None:
+    """The check every test ends with can fail: a host page with an error of each kind trips it."""
+    page.goto(dashboards.host + "/broken")
+    page.wait_for_load_state("load")
+    seen = "\n".join(problems.seen)
+    assert "console error: logged by the page" in seen
+    assert "uncaught exception: thrown by the page" in seen
+    assert "HTTP 404: GET " + dashboards.host + "/missing.png" in seen
+    page.close()
+    problems.seen.clear()
 
 
 def test_every_page_shows_the_database_s_rows(
