@@ -1,8 +1,8 @@
 """The dashboard in a real browser: every page renders the database's rows, every button changes them.
 
 The dashboard runs under uvicorn against the suite's live database (``--backend``),
-and Debian's Chromium drives it through Playwright: one browser for the module,
-a fresh context (cookies and all) per test.  The rows come from the queue's own
+and Debian's Chromium drives it through Playwright: one browser and one context
+for the module, a new page with no cookies per test.  The rows come from the queue's own
 API and a real worker (`tests.dashboard_server.seed`); what an action did is read
 back from the database, never from the page.  Each test fails on a console error,
 an uncaught exception or a failed request on any page it opened.
