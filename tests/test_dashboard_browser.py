@@ -19,6 +19,7 @@ import re
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +27,7 @@ import pytest
 import sqlalchemy as sa
 
 import sa_taskqueue as tq
+from sa_taskqueue.core.types import utcnow
 from sa_taskqueue.core.worker_table import worker_table_of
 from sa_taskqueue.worker.worker import Worker
 from tests.dashboard_server import (
@@ -329,6 +331,13 @@ def test_task_filters_keep_the_rows_that_match(
     assert shown_task_ids(page) == [seeded.failed]
     open_page(page, dashboards.plain + "/tasks?q=not+an+image", "tasks")
     assert shown_task_ids(page) == [seeded.failed]
+    # since and until bound the creation time (UTC): every row was created within the last minutes.
+    hour_ahead = (utcnow() + timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M")
+    hour_ago = (utcnow() - timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M")
+    open_page(page, f"{dashboards.plain}/tasks?status=queued&since={hour_ago}&until={hour_ahead}", "tasks")
+    assert shown_task_ids(page) == sorted(seeded.queued, reverse=True)
+    open_page(page, f"{dashboards.plain}/tasks?since={hour_ahead}", "tasks")
+    assert shown_task_ids(page) == []
 
 
 def test_tasks_pages_follow_one_another_to_the_last(
