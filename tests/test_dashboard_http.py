@@ -402,6 +402,11 @@ def test_pages_carry_strict_security_headers(queue: tq.TaskQueue, seeded: dict[s
     assert response.headers["cache-control"] == "no-store"
     assert response.headers["referrer-policy"] == "no-referrer"
     assert "<script>" not in response.text and " style=" not in response.text
+    # The static files are revalidated by their ETag rather than fetched again on every page.
+    css = client.get("/static/dashboard.css")
+    assert css.headers["cache-control"] == "no-cache"
+    again = client.get("/static/dashboard.css", headers={"If-None-Match": css.headers["etag"]})
+    assert again.status_code == 304
 
 
 def test_mounted_its_links_and_actions_follow_the_mount_point(

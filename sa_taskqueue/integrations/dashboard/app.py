@@ -144,14 +144,18 @@ class Guarded:
             await self.app(scope, receive, send)
             return
 
+        request = Request(scope)
+        # Pages are never stored (they show live rows, and may carry a CSRF token); the
+        # static files are kept and revalidated by their ETag, a 304 on every page after the first.
+        static = _route_path(request).startswith("/static/")
+
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
                 headers = MutableHeaders(scope=message)
                 for name, value in PAGE_HEADERS.items():
-                    headers.setdefault(name, value)
+                    headers.setdefault(name, "no-cache" if static and name == "Cache-Control" else value)
             await send(message)
 
-        request = Request(scope)
         refusal = await self._refusal(request)
         if refusal is not None:
             await refusal(scope, receive, send_with_headers)
