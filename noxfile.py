@@ -78,6 +78,8 @@ def _tests(session: nox.Session, backend: str, sqlalchemy: str) -> None:
     session.install("-e", ".[test]", f"SQLAlchemy~={sqlalchemy}.0", env=COMPILE_BYTECODE)
     if backend in BEHIND_PGBOUNCER:
         session.run("sh", ".ci/install-pgbouncer", external=True)
+    # Every session drives the dashboard in Debian's Chromium (tests/test_dashboard_browser.py).
+    session.run("sh", ".ci/install-chromium", external=True)
     session.run("python", "-m", "compileall", "-q", *OWN_SOURCES)
     session.run("python", "-c", "import sqlalchemy; print('SQLAlchemy', sqlalchemy.__version__)")
     selection = [] if sqlalchemy == FULL_SUITE_SERIES else ["-m", "not slow"]

@@ -35,7 +35,7 @@ from sa_taskqueue.core.events import EventKind, EventStream, TaskEvent
 from sa_taskqueue.core.exceptions import translate_database_errors
 from sa_taskqueue.core.finished import notify_finished
 from sa_taskqueue.core.limits import ColumnLimits
-from sa_taskqueue.core.model import Task, TaskMixin, TaskStatus, has_status
+from sa_taskqueue.core.model import FINISHED_STATUSES, Task, TaskMixin, TaskStatus, has_status
 from sa_taskqueue.core.notify import notify_enqueued
 from sa_taskqueue.core.types import LongText, utcnow
 from sa_taskqueue.features import unique
@@ -279,6 +279,20 @@ class Admin:
         validation.check_task_id(task_id)
         with translate_database_errors(self.engine, self.table), self.engine.begin() as conn:
             return cancel_queued(conn, self.table, task_id, utcnow())
+
+    def delete(self, task_id: int) -> bool:
+        """Delete one finished task (completed, failed or cancelled); False if it is not finished.
+
+        A queued task is cancelled first, and a running one is left to
+        finish: deleting it under its worker would lose the outcome.
+        """
+        validation.check_task_id(task_id)
+        t = self.table
+        with translate_database_errors(self.engine, self.table), self.engine.begin() as conn:
+            deleted = conn.execute(
+                delete(t).where(t.c.id == task_id, t.c.status.in_(FINISHED_STATUSES))
+            ).rowcount
+        return deleted == 1
 
     def purge(self, statuses: list[str], older_than: timedelta, batch_size: int = 1000) -> int:
         """Delete finished tasks older than ``older_than``, ``batch_size`` rows per transaction."""
