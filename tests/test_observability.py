@@ -159,11 +159,13 @@ def test_a_worker_serves_its_metrics_on_the_metrics_port(
         for operation in ("complete", "complete_and_claim", "fail")
     )
     assert written >= 2
-    # Gauges read from the tables: the unserved queue's two tasks, its oldest due, one live worker.
+    # Gauges read from the tables: the unserved queue's two tasks, its oldest due, and two live
+    # workers: the row added as live and the worker itself (it registers before its first claim);
+    # the expired row is not counted.
     assert value(samples, "sa_taskqueue_queue_depth", queue="idle", status="queued") == 2
     oldest = value(samples, "sa_taskqueue_queue_oldest_due_age_seconds", queue="idle")
     assert oldest is not None and oldest >= 0
-    assert value(samples, "sa_taskqueue_live_workers") == 1
+    assert value(samples, "sa_taskqueue_live_workers") == 2
 
 
 def test_a_worker_refuses_a_metrics_port_out_of_range(backend: Backend) -> None:
