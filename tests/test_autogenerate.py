@@ -411,6 +411,7 @@ def test_autogenerate_upgrade_claim_no_drift_then_downgrade(
 #: worker tables.
 ADDED_COLUMNS = (
     "unique_key", "concurrency_key", "concurrency_slot", "active_unique_key", "running_slot_key", "headers",
+    "cancel_requested_at", "cancelled_by", "progress", "progress_note", "progress_at",
 )  # fmt: skip
 ADDED_INDEXES = ("ix_{table}_finished", "ux_{table}_unique", "ux_{table}_slot")
 

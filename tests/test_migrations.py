@@ -385,7 +385,7 @@ SCHEDULING_CONTROLS = "c41d7e2a9f10"
 
 
 @pytest.mark.usefixtures("clean_database")
-def test_upgrading_from_the_scheduling_controls_adds_headers_and_the_worker_table_and_keeps_every_task(
+def test_upgrading_from_the_scheduling_controls_adds_the_later_columns_and_worker_table_keeping_every_task(
     url_form: str, form_engine: sa.Engine
 ) -> None:
     migrate.upgrade(url_form, SCHEDULING_CONTROLS)
@@ -419,6 +419,9 @@ def test_upgrading_from_the_scheduling_controls_adds_headers_and_the_worker_tabl
     with form_engine.connect() as connection:
         assert connection.execute(sa.select(*kept).order_by(task.c.id)).all() == before
         assert connection.execute(sa.select(task.c.headers)).scalars().all() == [None] * len(before)
+        assert connection.execute(
+            sa.select(task.c.cancel_requested_at, task.c.cancelled_by, task.c.progress, task.c.progress_note)
+        ).all() == [(None, None, None, None)] * len(before)
         assert _schema_diff(connection) == []
         assert _current_revision(connection) == _head_revision()
     assert sa.inspect(form_engine).has_table(WORKER_TABLE)

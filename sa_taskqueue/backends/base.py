@@ -95,6 +95,12 @@ class Backend:
     #: Only an ``INTEGER`` primary key numbers new rows by itself (a rowid
     #: alias), not a ``BIGINT`` one, so the model's id is an INTEGER here.
     autoincrement_needs_integer_key = False
+    #: Columns added to the task table after its generated columns are
+    #: written without a length: ALTER TABLE ADD COLUMN appends each one's DDL
+    #: to the stored CREATE statement, and a ``VARCHAR(255)`` after a
+    #: generated column's expression ends SQLAlchemy's reading of that
+    #: expression at the wrong parenthesis.  Lengths mean nothing here.
+    appended_columns_without_length = False
 
     # Bulk enqueue ----------------------------------------------------------------
 

@@ -67,6 +67,9 @@ class SQLiteBackend(Backend):
     stores_naive_utc = True
     # Only an INTEGER PRIMARY KEY is a rowid alias, numbered by SQLite itself; BIGINT is not.
     autoincrement_needs_integer_key = True
+    # VARCHAR lengths are not enforced, and one appended after a generated
+    # column misleads the reflection of its expression (see Backend).
+    appended_columns_without_length = True
     # The URL's database is a file, which sqlite3 creates when it is missing.
     file_database = True
 

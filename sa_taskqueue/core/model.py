@@ -11,6 +11,7 @@ from sqlalchemy import (
     ColumnElement,
     Computed,
     Enum,
+    Float,
     Identity,
     Index,
     Integer,
@@ -49,6 +50,7 @@ class TaskStatus(enum.StrEnum):
 NAME_LENGTH = 255
 QUEUE_LENGTH = 100
 WORKER_ID_LENGTH = 255
+CANCELLED_BY_LENGTH = 255
 STATUS_LENGTH = 16
 UNIQUE_KEY_LENGTH = 255
 CONCURRENCY_KEY_LENGTH = 255
@@ -200,9 +202,21 @@ class TaskMixin:
     #: What the enqueuing code carried with the task beside its params: the
     #: W3C trace context of the request that enqueued it (``traceparent``,
     #: ``tracestate``), so the task's run continues that trace.  NULL when
-    #: there was nothing to carry.  (Last: the migration that added it
-    #: appends it.)
+    #: there was nothing to carry.  (This column and those below come last:
+    #: the migrations that added them append them.)
     headers: Mapped[dict[str, str] | None] = mapped_column(JSONDocument)
+    #: When someone asked to cancel the task while it ran; the worker holding
+    #: it stops it and writes CANCELLED.  NULL while nobody has asked.
+    cancel_requested_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    #: Who cancelled the task (a queued one at once, a running one by request).
+    cancelled_by: Mapped[str | None] = mapped_column(
+        String(CANCELLED_BY_LENGTH).with_variant(String(), *dialects_with("appended_columns_without_length"))
+    )
+    #: The last progress the running task reported, from 0 to 1, its note (a
+    #: small JSON value) and when it was written.
+    progress: Mapped[float | None] = mapped_column(Float)
+    progress_note: Mapped[Any | None] = mapped_column(JSONDocument)
+    progress_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
     @declared_attr.directive
     @classmethod
