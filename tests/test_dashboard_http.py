@@ -32,6 +32,7 @@ from sa_taskqueue.cli.dashboard import TOKEN_ENV, _HideToken, is_loopback
 from sa_taskqueue.cli.main import cli
 from sa_taskqueue.features.live_workers import list_live_workers
 from sa_taskqueue.features.pausing import read_paused
+from sa_taskqueue.integrations.prometheus import PrometheusMetrics
 from tests.backends import ASYNC_DRIVERS, Backend, async_url
 from tests.helpers import start_cli, wait_until
 from tests.own_table import Job, JobBase
@@ -606,6 +607,9 @@ def test_the_command_serves_the_apps_dashboard_behind_its_token(backend: Backend
             assert '<tr data-schedule="nightly_paris">' in opened.text and "Europe/Paris" in opened.text
             links = re.findall(r'(?<![-\w])(?:href|action|src)="([^"]+)"', opened.text)
             assert links and all(link.startswith("/ops/queue/") for link in links)
+            # The command attaches the queue's metrics: /metrics has the table's gauges.
+            scraped = browser.get("/metrics", headers={"Authorization": f"Bearer {TOKEN}"})
+            assert scraped.status_code == 200 and "# TYPE sa_taskqueue_queue_depth gauge" in scraped.text
     finally:
         server.terminate()
         out, err = server.communicate(timeout=30)
@@ -656,3 +660,16 @@ def test_a_huge_value_is_cut_on_the_page_saying_how_much(queue: tq.TaskQueue) ->
     assert "x" * 150_000 not in page and "E" * 120_000 not in page
     assert "20,000 more characters not shown" in page  # of the error: 120,000 - 100,000
     assert len(page) < 250_000
+
+
+def test_metrics_are_served_behind_the_dashboards_auth(queue: tq.TaskQueue, seeded: dict[str, int]) -> None:
+    metrics = PrometheusMetrics(queue, gauges="always").attach()  # the process's default registry
+    try:
+        client = client_of(create_app(queue, auth=TOKEN))
+        assert client.get("/metrics").status_code == 401
+        scraped = client.get("/metrics", headers={"Authorization": f"Bearer {TOKEN}"})
+        assert scraped.status_code == 200
+        assert scraped.headers["content-type"].startswith("text/plain")
+        assert 'sa_taskqueue_queue_depth{queue="mail",status="queued"} 1.0' in scraped.text
+    finally:
+        metrics.detach()

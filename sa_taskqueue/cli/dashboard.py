@@ -118,6 +118,13 @@ def dashboard(
     shown = target.app if target.app is not None and target.queue is target.app else target.queue
     with for_people(ctx, target.url):
         web = create_app(shown, auth=token, read_only=read_only)
+    try:
+        prometheus: Any = importlib.import_module("sa_taskqueue.integrations.prometheus")
+    except ModuleNotFoundError:
+        pass  # no metrics extra: /metrics says how to add it
+    else:
+        # This process serves the queue's gauges at /metrics (read when scraped, as the one reader).
+        prometheus.PrometheusMetrics(shown, gauges="always").attach()
     where = f"http://{host if ':' not in host else f'[{host}]'}:{port}/"
     if root_path:
         where += f" (its links under {root_path}/)"

@@ -118,6 +118,7 @@ def create_app(
         Route("/workers", dashboard.workers, name="workers"),
         Route("/schedules", dashboard.schedules, name="schedules"),
         Route("/health", dashboard.health, name="health"),
+        Route("/metrics", dashboard.metrics, name="metrics"),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
     app = Starlette(
@@ -461,6 +462,28 @@ class Dashboard:
             return found
 
         return self.render(request, "health.html", "health", **await run_in_threadpool(measure))
+
+    async def metrics(self, request: Request) -> Response:
+        """The Prometheus registry's metrics, behind the dashboard's auth, for a scraper.
+
+        What is in the registry is the host's choice (`PrometheusMetrics`
+        attached to a queue; ``sa-taskqueue dashboard`` attaches one with the
+        table's gauges).  Without the ``metrics`` extra, a page says how to add it.
+        """
+        try:
+            from sa_taskqueue.integrations.prometheus import metrics_exposition
+        except ModuleNotFoundError:
+            return self.render(
+                request,
+                "error.html",
+                "error",
+                status_code=404,
+                message="Metrics need the metrics extra: pip install 'sa_taskqueue[metrics]'.",
+            )
+        accept = request.headers.get("accept")
+        # Collecting may read the table (the gauges): in a thread, off the loop.
+        body, content_type = await run_in_threadpool(lambda: metrics_exposition(accept=accept))
+        return Response(body, media_type=content_type)
 
     # Actions ------------------------------------------------------------------
 
