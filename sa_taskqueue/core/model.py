@@ -31,6 +31,7 @@ from sqlalchemy.sql.visitors import InternalTraversal
 
 from sa_taskqueue.backends import backend_for, dialects_with, partial_index_dialects
 from sa_taskqueue.core.control import control_table
+from sa_taskqueue.core.rate_limit_table import rate_limit_table
 from sa_taskqueue.core.types import JSONDocument, LongText, UTCDateTime, utcnow
 from sa_taskqueue.core.worker_table import worker_table
 
@@ -227,6 +228,8 @@ class TaskMixin:
         control_table(cls.metadata, table)  # type: ignore[attr-defined]
         # And the live workers, for the same reason.
         worker_table(cls.metadata, table)  # type: ignore[attr-defined]
+        # And the rate limits' recent starts.
+        rate_limit_table(cls.metadata, table)  # type: ignore[attr-defined]
         return (
             # The claim walks this index in claim order.  On PostgreSQL and
             # SQLite it holds queued rows only, so millions of finished rows

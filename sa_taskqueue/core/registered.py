@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from sa_taskqueue.core.concurrency import ConcurrencyLimit
     from sa_taskqueue.core.model import TaskMixin
     from sa_taskqueue.core.ports import Enqueuer
+    from sa_taskqueue.core.rate_limit import RateLimit
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -40,6 +41,8 @@ class TaskOptions:
     timeout: float | None = None
     #: At most this many runs sharing a concurrency key at once (``concurrency_limit=``).
     concurrency: ConcurrencyLimit | None = None
+    #: At most N starts in any window, per rate key (``rate_limit=``, ``rate_key=``).
+    rate: RateLimit | None = None
     #: The params whose values make each enqueue's unique key (`sa_taskqueue.features.unique.derive_key`).
     unique_by: tuple[str, ...] | None = None
     #: The function takes a session first, and its writes through it commit with its completion

@@ -18,6 +18,7 @@ from typing import Any, ParamSpec, TypeVar
 from sa_taskqueue.core import validation
 from sa_taskqueue.core.concurrency import ConcurrencyLimit, KeySpec
 from sa_taskqueue.core.ports import Enqueuer
+from sa_taskqueue.core.rate_limit import RateLimit
 from sa_taskqueue.core.registered import RegisteredTask, TaskOptions, signature_to_check
 from sa_taskqueue.features import unique
 from sa_taskqueue.features.concurrency import ConcurrencyClaims
@@ -59,6 +60,8 @@ class Registrations:
         concurrency_key: KeySpec,
         unique_by: Sequence[str] | None,
         transactional: bool,
+        rate_limit: str | Sequence[str] | None = None,
+        rate_key: KeySpec = None,
     ) -> Callable[[Callable[P, R]], RegisteredTask[P, R]]:
         """`TaskQueue.task`'s options checked; the decorator that registers a function with them."""
         if not isinstance(transactional, bool):
@@ -72,6 +75,12 @@ class Registrations:
 
         if concurrency_limit is None and concurrency_key is not None:
             raise ValueError("concurrency_key needs a concurrency_limit")
+        if rate_limit is None and rate_key is not None:
+            raise ValueError("rate_key needs a rate_limit")
+        if rate_limit is not None and concurrency_limit is not None:
+            raise ValueError(
+                "a task takes either rate_limit or concurrency_limit, not both (not yet supported)"
+            )
 
         def register(func: Callable[P, R]) -> RegisteredTask[P, R]:
             if name is None:
@@ -90,6 +99,8 @@ class Registrations:
             if concurrency_limit is not None:
                 limit = ConcurrencyLimit.of(task_name, func, concurrency_limit, concurrency_key)
                 task_options = replace(task_options, concurrency=limit)
+            if rate_limit is not None:
+                task_options = replace(task_options, rate=RateLimit.of(task_name, func, rate_limit, rate_key))
             existing = self.tasks.get(task_name)
             if existing is not None and existing.func is not func:
                 raise ValueError(f"a task is already registered under {task_name!r}: {existing.func!r}")

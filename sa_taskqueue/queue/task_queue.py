@@ -175,6 +175,8 @@ class TaskQueue(ClaimsAndOutcomes, LiveWorkersListing):
         concurrency_key: KeySpec = None,
         unique_by: Sequence[str] | None = None,
         transactional: bool = False,
+        rate_limit: str | Sequence[str] | None = None,
+        rate_key: KeySpec = None,
     ) -> Callable[[Callable[P, R]], RegisteredTask[P, R]]: ...
 
     def task(
@@ -190,6 +192,8 @@ class TaskQueue(ClaimsAndOutcomes, LiveWorkersListing):
         concurrency_key: KeySpec = None,
         unique_by: Sequence[str] | None = None,
         transactional: bool = False,
+        rate_limit: str | Sequence[str] | None = None,
+        rate_key: KeySpec = None,
     ) -> RegisteredTask[P, R] | Callable[[Callable[P, R]], RegisteredTask[P, R]]:
         """Register a function as a task; usable as ``@queue.task`` or ``@queue.task("name", ...)``.
 
@@ -200,6 +204,12 @@ class TaskQueue(ClaimsAndOutcomes, LiveWorkersListing):
         run at once, across every worker: the key is the task's name, or
         ``concurrency_key`` names the params (one, or a tuple) whose values
         make it, or is a function of the params returning a string.
+
+        ``rate_limit="100/s"`` (or several, ``("10/s", "500/h")``) lets at
+        most N runs start in any window of that length, across every worker;
+        ``rate_key`` splits the count by params as ``concurrency_key`` does.
+        Tasks over their limit stay queued, their ``run_at`` moved to when
+        they may start (docs: how-to/rate-limits).
 
         ``unique_by`` names params whose values make each enqueue's unique
         key (`sa_taskqueue.features.unique.derive_key`): while a task with the same
@@ -225,6 +235,8 @@ class TaskQueue(ClaimsAndOutcomes, LiveWorkersListing):
             concurrency_key=concurrency_key,
             unique_by=unique_by,
             transactional=transactional,
+            rate_limit=rate_limit,
+            rate_key=rate_key,
         )
 
     def periodic(

@@ -18,10 +18,12 @@ from sqlalchemy import Engine, Select, Table
 from sqlalchemy.engine import Dialect
 
 from sa_taskqueue.core.claimed import ClaimedTask
+from sa_taskqueue.core.rate_limit import Rates
 from sa_taskqueue.strategies.claiming import ClaimRequest, due_select, limit_param
 from sa_taskqueue.strategies.executor import StatementExecutor
 from sa_taskqueue.strategies.lease import LeaseWrites
 from sa_taskqueue.strategies.limited import Limits, candidate_window, claim_limited
+from sa_taskqueue.strategies.rated import RatedResult, claim_rated
 
 
 class ClaimStrategy(LeaseWrites, ABC):
@@ -140,6 +142,15 @@ class ClaimStrategy(LeaseWrites, ABC):
         `limited_candidates` says.
         """
         return claim_limited(self, engine, table, request, limits)
+
+    def claim_rated(self, engine: Engine, table: Table, request: ClaimRequest, rates: Rates) -> RatedResult:
+        """As `claim`, for rate-limited tasks: only those whose every window has room start.
+
+        ``request.names`` are the rate-limited names, all of them in ``rates``.
+        The claim is `sa_taskqueue.strategies.rated`'s, in this strategy's
+        transaction with its candidates locked as `limited_candidates` says.
+        """
+        return claim_rated(self, engine, table, request, rates)
 
     def limited_candidates(self, dialect: Dialect, query: Select[Any], request: ClaimRequest) -> Any:
         """The limited claim's candidates: ``query`` (due rows in claim order), bounded, locked.

@@ -40,6 +40,7 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from sa_taskqueue.backends import backend_for
+from sa_taskqueue.core.rate_limit import Rates
 from sa_taskqueue.strategies.claiming import (
     ClaimRequest,
     apply_claim,
@@ -83,6 +84,8 @@ class Limits:
 
     limits: Mapping[str, int]
     key_of: Callable[[str, Any], str]
+    #: The rate-limited names among those asked for, claimed by `sa_taskqueue.strategies.rated`.
+    rates: Rates | None = None
 
     @property
     def names(self) -> tuple[str, ...]:
