@@ -336,7 +336,13 @@ def test_autogenerate_upgrade_claim_no_drift_then_downgrade(
     operations = _function_bodies(first)["upgrade"]
     created = [op for op in operations if op.startswith("op.create_table(")]
     assert sorted(op.split("'")[1] for op in created) == sorted(
-        [project.jobs, f"{project.jobs}_control", f"{project.jobs}_workers", project.customers]
+        [
+            project.jobs,
+            f"{project.jobs}_control",
+            f"{project.jobs}_workers",
+            f"{project.jobs}_rate_limits",
+            project.customers,
+        ]
     )
     # The mixin's two indexes, each kept to one status where partial indexes exist.
     claim_index = next(op for op in operations if f"'ix_{project.jobs}_claim'" in op)
@@ -353,6 +359,7 @@ def test_autogenerate_upgrade_claim_no_drift_then_downgrade(
         project.jobs,
         f"{project.jobs}_control",
         f"{project.jobs}_workers",
+        f"{project.jobs}_rate_limits",
         project.customers,
     }
 
@@ -453,7 +460,7 @@ def test_autogenerate_brings_a_0_1_table_to_the_current_mixin_without_losing_tas
         assert any(op.startswith("op.add_column(") and f"'{column}'" in op for op in operations), column
     for index in ADDED_INDEXES:
         assert any(f"'{index.format(table=project.jobs)}'" in op for op in operations), index
-    for table in (f"{project.jobs}_control", f"{project.jobs}_workers"):
+    for table in (f"{project.jobs}_control", f"{project.jobs}_workers", f"{project.jobs}_rate_limits"):
         assert any(op.startswith("op.create_table(") and f"'{table}'" in op for op in operations), table
     if backend.is_postgres:
         # Only a stored generated column can be indexed there.

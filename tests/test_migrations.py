@@ -43,6 +43,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 TASK_TABLE = "sa_taskqueue_task"
 CONTROL_TABLE = "sa_taskqueue_task_control"
 WORKER_TABLE = "sa_taskqueue_task_workers"
+RATE_LIMIT_TABLE = "sa_taskqueue_task_rate_limits"
 
 #: The revision that creates the table; later ones change it.
 FIRST_REVISION = "b78c74731220"
@@ -155,7 +156,7 @@ def _schema_diff(connection: sa.Connection) -> list[Any]:
 def _reflect(engine: sa.Engine) -> dict[str, Any]:
     """The task table and its control table as the database reports them, in comparable form."""
     tables = {TASK_TABLE: _reflect_table(engine, TASK_TABLE)}
-    for extra in (CONTROL_TABLE, WORKER_TABLE):
+    for extra in (CONTROL_TABLE, WORKER_TABLE, RATE_LIMIT_TABLE):
         if sa.inspect(engine).has_table(extra):
             tables[extra] = _reflect_table(engine, extra)
     return tables
@@ -206,6 +207,7 @@ def _assert_head_matches_model(engine: sa.Engine, downgrade: Callable[[], None])
     assert not sa.inspect(engine).has_table(TASK_TABLE)
     assert not sa.inspect(engine).has_table(CONTROL_TABLE)
     assert not sa.inspect(engine).has_table(WORKER_TABLE)
+    assert not sa.inspect(engine).has_table(RATE_LIMIT_TABLE)
 
     # The same table made from the model, reflected the same way.
     sa_taskqueue.metadata.create_all(engine)
@@ -427,6 +429,62 @@ def test_upgrading_from_the_scheduling_controls_adds_the_later_columns_and_worke
     assert sa.inspect(form_engine).has_table(WORKER_TABLE)
 
     migrate.downgrade(url_form, SCHEDULING_CONTROLS)
+    form_engine.dispose()
+    assert _reflect(form_engine) == schema_before
+    with form_engine.connect() as connection:
+        assert connection.execute(sa.select(*kept).order_by(task.c.id)).all() == before
+
+
+#: The cancel-request and progress revision: the head before rate limits.
+CANCEL_AND_PROGRESS = "e4b9c1d6a8f3"
+
+
+@pytest.mark.usefixtures("clean_database")
+def test_upgrading_from_cancel_and_progress_adds_the_rate_limit_table_keeping_every_task(
+    url_form: str, form_engine: sa.Engine
+) -> None:
+    migrate.upgrade(url_form, CANCEL_AND_PROGRESS)
+    form_engine.dispose()
+    schema_before = _reflect(form_engine)
+    assert not sa.inspect(form_engine).has_table(RATE_LIMIT_TABLE)
+    task = sa_taskqueue.metadata.tables[TASK_TABLE]
+    kept = [task.c[name] for name in (*COLUMNS_0_1, "unique_key", "concurrency_key", "headers", "progress")]
+    now = datetime.now(UTC)
+    rows = [
+        {
+            "name": f"tests.{status.value}", "queue": "default", "priority": index, "params": {"n": index},
+            "status": status, "run_at": now, "attempts": 1, "max_attempts": 3, "created_at": now,
+            "finished_at": now if status in FINISHED_STATUSES else None,
+            "locked_by": "host:1:ab" if status is TaskStatus.RUNNING else None,
+            "locked_until": now if status is TaskStatus.RUNNING else None,
+            "last_error": "ValueError: kaput" if status is TaskStatus.FAILED else None,
+            "result": {"ok": True} if status is TaskStatus.COMPLETED else None,
+            "unique_key": f"u{index}", "concurrency_key": "k", "headers": {"h": index},
+            "progress": 0.5 if status is TaskStatus.RUNNING else None,
+        }
+        for index, status in enumerate(TaskStatus)
+    ]  # fmt: skip
+    with form_engine.begin() as connection:
+        connection.execute(task.insert(), rows)
+        before = connection.execute(sa.select(*kept).order_by(task.c.id)).all()
+    assert {row.status for row in before} == set(TaskStatus)
+
+    migrate.upgrade(url_form)
+    form_engine.dispose()
+    rates = sa_taskqueue.metadata.tables[RATE_LIMIT_TABLE]
+    with form_engine.begin() as connection:
+        assert connection.execute(sa.select(*kept).order_by(task.c.id)).all() == before
+        assert _schema_diff(connection) == []
+        assert _current_revision(connection) == _head_revision()
+        connection.execute(
+            rates.insert().values(
+                id="0" * 64, name="t", rate_window="5/1s", rate_key="t", state="1:1", version=1,
+                updated_at=now,
+            )
+        )  # fmt: skip
+        assert connection.execute(sa.select(rates.c.state)).scalar_one() == "1:1"
+
+    migrate.downgrade(url_form, CANCEL_AND_PROGRESS)
     form_engine.dispose()
     assert _reflect(form_engine) == schema_before
     with form_engine.connect() as connection:

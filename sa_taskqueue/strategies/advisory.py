@@ -26,7 +26,7 @@ from __future__ import annotations
 import threading
 import zlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -38,8 +38,16 @@ from sa_taskqueue.backends import SERVED_BY, backend_for
 from sa_taskqueue.core.claimed import ClaimedTask, ClaimKey
 from sa_taskqueue.core.finished import notify_finished
 from sa_taskqueue.core.model import TaskStatus, has_status
+from sa_taskqueue.core.rate_limit import Rates
 from sa_taskqueue.strategies.base import ClaimStrategy
-from sa_taskqueue.strategies.claiming import ClaimRequest, claimed_values, due_clause, due_select, whole_row
+from sa_taskqueue.strategies.claiming import (
+    ClaimRequest,
+    claimed_values,
+    due_clause,
+    due_select,
+    read_back,
+    whole_row,
+)
 from sa_taskqueue.strategies.lease import orphan_values, same_claim
 from sa_taskqueue.strategies.limited import (
     Limits,
@@ -50,6 +58,7 @@ from sa_taskqueue.strategies.limited import (
     store_missing_keys,
     taken_slots,
 )
+from sa_taskqueue.strategies.rated import LostRace, RatedResult, claim_on
 
 WORKER_LOST_ERROR = "worker lost: its connection closed while the task was running"
 
@@ -208,6 +217,45 @@ class AdvisoryLockStrategy(ClaimStrategy):
             conn.close()
             raise
         return self._hold(conn, locks, rows)
+
+    def claim_rated(self, engine: Engine, table: Table, request: ClaimRequest, rates: Rates) -> RatedResult:
+        """As `claim`, for rate-limited tasks (`strategies.rated`), holding each started task's lock.
+
+        The candidates are locked (session locks, which outlive the
+        transaction) before the rated claim decides which start, in one
+        transaction for the windows' compare-and-set; the locks of those not
+        started are given back after it.  A claim that loses a race returns
+        nothing this time.
+        """
+        locks = AdvisoryLocks(engine, table)
+        conn = engine.connect()
+        locked: list[int] = []
+
+        def lock(conn: Connection, ids: list[int]) -> list[int]:
+            got = locks.try_lock(conn, ids)
+            locked.extend(got)
+            return got
+
+        query = due_select(table, request, *read_back(table)).limit(candidate_window(request))
+        result = RatedResult([])
+        try:
+            try:
+                with conn.begin():
+                    result = claim_on(conn, table, request, rates, query, lock)
+            except LostRace:
+                pass
+            except DBAPIError as error:
+                if not lost_slot_race(engine, error):
+                    raise
+            # Held between tasks as the plain claim's connection is: committing on its own.
+            conn.execution_options(isolation_level="AUTOCOMMIT")
+            started = {row["id"] for row in result.rows}
+            locks.unlock(conn, [task_id for task_id in locked if task_id not in started])
+        except BaseException:
+            conn.invalidate()
+            conn.close()
+            raise
+        return replace(result, rows=self._hold(conn, locks, result.rows))
 
     def _hold(
         self, conn: Connection, locks: AdvisoryLocks, rows: list[dict[str, Any]]

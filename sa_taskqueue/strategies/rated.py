@@ -28,7 +28,7 @@ current version under the UPDATE's row lock, SQLite runs one writer at a time).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,11 +99,31 @@ def windows_of(row: Mapping[str, Any], rates: Rates) -> list[tuple[str, RateWind
 def _claim(
     strategy: LimitedClaimer, conn: Connection, table: Table, request: ClaimRequest, rates: Rates
 ) -> RatedResult:
-    params = request.params()
     query = strategy.limited_candidates(conn.dialect, due_select(table, request, *read_back(table)), request)
+    return claim_on(conn, table, request, rates, query)
+
+
+def claim_on(
+    conn: Connection,
+    table: Table,
+    request: ClaimRequest,
+    rates: Rates,
+    query: Any,
+    lock: Callable[[Connection, list[int]], Collection[int]] | None = None,
+) -> RatedResult:
+    """The rated claim in ``conn``'s transaction, its candidates read by ``query``.
+
+    ``lock``, where given, is asked for the candidates' ids and returns those
+    this claimer may take (a strategy's advisory locks); the others are left
+    as they are.  Raises `LostRace` where another claimer got in between.
+    """
+    params = request.params()
     cursor = conn.execute(query, params)
     candidates = [dict(row) for row in cursor.mappings().fetchmany(candidate_window(request))]
     cursor.close()
+    if lock is not None and candidates:
+        mine = set(lock(conn, [row["id"] for row in candidates]))
+        candidates = [row for row in candidates if row["id"] in mine]
     if not candidates:
         return RatedResult([])
     states_table = rate_limit_table_of(table)
@@ -226,4 +246,4 @@ def hold_back(conn: Connection, table: Table, held: Mapping[int, tuple[int, int]
         )
 
 
-__all__ = ["LostRace", "RatedResult", "claim_rated", "take_statement"]
+__all__ = ["LostRace", "RatedResult", "claim_on", "claim_rated", "take_statement"]
