@@ -39,6 +39,9 @@ from benchmarks.failures import OUTCOMES, outcome_drain
 from benchmarks.latency import percentiles, pickup_latency
 from benchmarks.observability import MODES, observed_drain
 from benchmarks.peers import IMPLEMENTATIONS, PEERS, missing_peers, worker_drain
+from benchmarks.rates import DRAINS as RATE_DRAINS
+from benchmarks.rates import RATE_LIMIT, rates_drain
+from benchmarks.rates import TASKS_PER_KEY as RATE_TASKS_PER_KEY
 from benchmarks.raw_batch import QUEUE_BATCH, RAW_BATCH
 from benchmarks.statements import StatementCosts, statement_costs
 from benchmarks.worker_cost import WorkerCost, worker_cost
@@ -51,6 +54,7 @@ SECTIONS = (
     "peers",
     "depth",
     "controls",
+    "rates",
     "batching",
     "statements",
     "running",
@@ -550,6 +554,71 @@ def controls_section(run: Run) -> dict[str, Any]:
     return {"controls": rows}
 
 
+def rates_section(run: Run) -> dict[str, Any]:
+    """The claim with rate limits (`benchmarks.rates`): none; one registered, none queued; all rated."""
+    args = run.args
+    table = new_table(
+        f"drain with rate limits, tasks/s, {args.tasks} no-op tasks, median (min-max) of {args.repeats}; "
+        f"registered: a task of rate_limit={RATE_LIMIT!r} registered, none queued; rated: every task of it, "
+        f"{RATE_TASKS_PER_KEY} tasks a key (never over the limit)",
+        (
+            "backend",
+            "W",
+            "B",
+            "plain",
+            "registered",
+            "registered / plain",
+            "rated",
+            "rated / plain",
+            "exactly once",
+        ),
+    )
+    costs = cost_table(
+        f"drain cost with rate limits, {args.tasks} no-op tasks, median of {args.repeats}",
+        ("backend", "W", "B", *RATE_DRAINS),
+    )
+    rows = []
+    for target in run.backends:
+        in_client = target.dialect == "sqlite"
+        for w in run.workers:
+            for b in run.batches:
+                results: dict[str, list[DrainResult]] = {}
+                rates, once = repeated_drains(
+                    lambda kind, w=w, b=b, target=target: rates_drain(target.url, args.tasks, w, b, kind),
+                    RATE_DRAINS,
+                    args.repeats,
+                    results,
+                )
+                plain = statistics.median(rates["plain"])
+                row: dict[str, Any] = {"backend": target.name, "workers": w, "batch": b, "exactly_once": once}
+                for kind in RATE_DRAINS:
+                    row[kind] = spread(rates[kind])
+                    row[f"{kind}_ratio"] = statistics.median(rates[kind]) / plain
+                row["cost"] = {kind: cost_figures(runs) for kind, runs in results.items()}
+                row["cost_notes"] = cost_notes(results.values())
+                rows.append(row)
+                costs.add_row(
+                    target.name,
+                    str(w),
+                    str(b),
+                    *(cost_cell({**row["cost"][kind], "in_client": in_client}) for kind in RATE_DRAINS),
+                )
+                table.add_row(
+                    target.name,
+                    str(w),
+                    str(b),
+                    fmt(row["plain"]),
+                    fmt(row["registered"]),
+                    f"{row['registered_ratio']:.0%}",
+                    fmt(row["rated"]),
+                    f"{row['rated_ratio']:.0%}",
+                    yes_no(once),
+                )
+    run.console.print(table)
+    print_cost_table(run, costs, rows)
+    return {"rates": rows}
+
+
 def controls_row(run: Run, target: BenchBackend, w: int, b: int) -> dict[str, Any]:
     """One backend/W/B cell of the controls table: each drain's rate, and its ratio to the plain one."""
     results: dict[str, list[DrainResult]] = {}
@@ -1000,6 +1069,7 @@ SECTION_RUNNERS: dict[str, Callable[[Run], dict[str, Any]]] = {
     "peers": peers_section,
     "depth": depth_section,
     "controls": controls_section,
+    "rates": rates_section,
     "batching": batching_section,
     "statements": statements_section,
     "running": running_section,

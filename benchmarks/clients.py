@@ -40,13 +40,15 @@ class Client(Protocol):
 
 
 class QueueClient:
-    def __init__(self, url: str, batch: int, *, controlled: bool = False) -> None:
+    def __init__(self, url: str, batch: int, *, controlled: bool = False, rated: bool = False) -> None:
         import sa_taskqueue as tq
 
         self.engine = sa.create_engine(url)
         self.queue = tq.TaskQueue(self.engine, lease=LEASE)
         if controlled:
             register_controlled(self.queue)
+        elif rated:
+            register_rated(self.queue)
         else:
             self.queue.task(name="noop")(noop)
         self.batch = batch
@@ -80,6 +82,14 @@ def register_controlled(queue: Any) -> None:
 
     queue.task(name="noop")(noop)
     queue.task(name="limited", concurrency_limit=LIMIT, concurrency_key="key")(limited_noop)
+
+
+def register_rated(queue: Any) -> None:
+    """The rate-limit drains' tasks (benchmarks.rates): ``noop``, and ``rated`` with a limit per key."""
+    from benchmarks.rates import RATE_LIMIT
+
+    queue.task(name="noop")(noop)
+    queue.task(name="rated", rate_limit=RATE_LIMIT, rate_key="key")(limited_noop)
 
 
 def limited_noop(key: str) -> None:
@@ -241,4 +251,6 @@ def make_client(implementation: str, url: str, batch: int) -> Client:
         return QueueClient(url, batch)
     if implementation == "sa_taskqueue_controls":
         return QueueClient(url, batch, controlled=True)
+    if implementation == "sa_taskqueue_rated":
+        return QueueClient(url, batch, rated=True)
     return RAW_CLIENTS[sa.make_url(url).get_backend_name()](url, batch)

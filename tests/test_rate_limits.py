@@ -55,7 +55,7 @@ def enqueue(queue: tq.TaskQueue, engine: sa.Engine, keys: list[str], name: str =
 # The race --------------------------------------------------------------------------------
 
 
-def race(backend: Backend, engine: sa.Engine, strategy_name: str, tmp_path: Path, limit: int) -> list[Path]:
+def race(backend: Backend, engine: sa.Engine, strategy_name: str, tmp_path: Path, limit: int) -> None:
     """Four worker processes of four threads each over 4 keys x 12 tasks: each start as the tasks saw it."""
     reset(engine)
     keys = [f"k{n}" for n in range(4)]
@@ -88,7 +88,6 @@ def race(backend: Backend, engine: sa.Engine, strategy_name: str, tmp_path: Path
     for proc, (_out, err) in zip(procs, outputs, strict=True):
         assert proc.returncode == 0, err
         assert "Traceback" not in err, err
-    return []
 
 
 def claimed_starts(engine: sa.Engine) -> dict[int, float]:
@@ -100,21 +99,27 @@ def claimed_starts(engine: sa.Engine) -> dict[int, float]:
     return {params["n"]: started.timestamp() for params, started in rows}
 
 
-def peaks(engine: sa.Engine) -> tuple[int, int]:
-    """The most starts of one key in any window of WINDOW: by the claims' times, and by the tasks' own."""
+def peaks(engine: sa.Engine, *, limited: bool) -> tuple[int, int]:
+    """The most starts of one key in any window of WINDOW: by the claims' times, and by the tasks' own.
+
+    With the limit, the tasks' own clocks see each start a little after its
+    claim: a window of WINDOW less the spread of that delay holds no more
+    than one of WINDOW of the claims' times, so that is the window counted.
+    """
     seen = starts(engine)
     assert sorted(n for n, _, _ in seen) == list(range(48)), "every task ran, once"
     claimed = claimed_starts(engine)
     by_key: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for n, key, at in seen:
         by_key[key].append((claimed[n], at))
-    # The tasks' own clocks see each start a little after its claim: a window
-    # of WINDOW less the spread of that delay holds what one of WINDOW holds.
-    delays = [at - claim for pairs in by_key.values() for claim, at in pairs]
-    spread = max(delays) - min(delays)
-    assert spread < WINDOW / 2, f"the runs began too long after their claims to tell: {spread:.3f}s"
+    window = WINDOW
+    if limited:
+        delays = [at - claim for pairs in by_key.values() for claim, at in pairs]
+        spread = max(delays) - min(delays)
+        assert spread < WINDOW * 0.8, f"the runs began too long after their claims to tell: {spread:.3f}s"
+        window = WINDOW - spread
     by_claim = max(most_in_a_window([claim for claim, _ in pairs], WINDOW) for pairs in by_key.values())
-    by_task = max(most_in_a_window([at for _, at in pairs], WINDOW - spread) for pairs in by_key.values())
+    by_task = max(most_in_a_window([at for _, at in pairs], window) for pairs in by_key.values())
     return by_claim, by_task
 
 
@@ -122,7 +127,7 @@ def test_racing_worker_processes_never_start_more_than_the_limit_in_any_window(
     backend: Backend, engine: sa.Engine, strategy_name: str, tmp_path: Path
 ) -> None:
     race(backend, engine, strategy_name, tmp_path, LIMIT)
-    by_claim, by_task = peaks(engine)
+    by_claim, by_task = peaks(engine, limited=True)
     assert by_claim <= LIMIT, f"{by_claim} starts of a key in {WINDOW}s (claims' times), limit {LIMIT}"
     assert by_task <= LIMIT, f"{by_task} starts of a key in a window (tasks' times), limit {LIMIT}"
     assert by_claim == LIMIT, "the workers really raced for the limit"
@@ -133,7 +138,7 @@ def test_the_race_counts_more_than_the_limit_without_it(
 ) -> None:
     # The self-check: the same counting over the same race with no limit finds more.
     race(backend, engine, strategy_name, tmp_path, 0)
-    by_claim, by_task = peaks(engine)
+    by_claim, by_task = peaks(engine, limited=False)
     assert by_claim > LIMIT and by_task > LIMIT, (by_claim, by_task)
 
 
