@@ -40,7 +40,7 @@ from benchmarks.latency import percentiles, pickup_latency
 from benchmarks.observability import MODES, observed_drain
 from benchmarks.peers import IMPLEMENTATIONS, PEERS, missing_peers, worker_drain
 from benchmarks.rates import DRAINS as RATE_DRAINS
-from benchmarks.rates import RATE_LIMIT, rates_drain
+from benchmarks.rates import RATE_LIMIT, claim_statements, rates_drain
 from benchmarks.rates import TASKS_PER_KEY as RATE_TASKS_PER_KEY
 from benchmarks.raw_batch import QUEUE_BATCH, RAW_BATCH
 from benchmarks.statements import StatementCosts, statement_costs
@@ -616,6 +616,21 @@ def rates_section(run: Run) -> dict[str, Any]:
                 )
     run.console.print(table)
     print_cost_table(run, costs, rows)
+    sent = new_table(
+        f"statements and transactions the claims send, a task, counted in the client, one process "
+        f"draining {args.tasks} tasks",
+        ("backend", "B", *RATE_DRAINS),
+    )
+    for target in run.backends:
+        for b in run.batches:
+            counted = {kind: claim_statements(target.url, args.tasks, b, kind) for kind in RATE_DRAINS}
+            rows.append({"backend": target.name, "batch": b, "claims_sent": counted})
+            sent.add_row(
+                target.name,
+                str(b),
+                *(f"{c['statements']:.2f} in {c['transactions']:.2f}" for c in counted.values()),
+            )
+    run.console.print(sent)
     return {"rates": rows}
 
 

@@ -72,3 +72,55 @@ def seed_rated(url: str, count: int) -> None:
         for start in range(0, count, 5000):
             conn.execute(tq.Task.__table__.insert(), rows[start : start + 5000])
     engine.dispose()
+
+
+def claim_statements(url: str, tasks: int, batch: int, drain: str) -> dict[str, float]:
+    """Statements and transactions the claims of one process send, a task, draining ``tasks`` as ``drain``.
+
+    Counted in the client, on the queue's engine (each DBAPI execute, and
+    each commit or rollback), while the claims run only: the completions
+    are left out.  Unlike the server's counters, nothing else on the
+    machine can change these figures.
+    """
+    import time
+
+    from sqlalchemy import event
+
+    from benchmarks.clients import QueueClient
+
+    implementation, rated = DRAINS[drain]
+    fresh_table(url)
+    if rated:
+        seed_rated(url, tasks)
+    else:
+        seed(url, tasks)
+    client = QueueClient(url, batch, rated=implementation == "sa_taskqueue_rated")
+    counting = False
+    counts = {"statements": 0, "transactions": 0}
+
+    def on_execute(*_args: object) -> None:
+        if counting:
+            counts["statements"] += 1
+
+    def on_end(*_args: object) -> None:
+        if counting:
+            counts["transactions"] += 1
+
+    event.listen(client.engine, "before_cursor_execute", on_execute)
+    event.listen(client.engine, "commit", on_end)
+    event.listen(client.engine, "rollback", on_end)
+    done = empty = 0
+    while empty < 3:
+        counting = True
+        claimed = client.claim()
+        counting = False
+        if not claimed:
+            empty += 1
+            time.sleep(0.01)
+            continue
+        empty = 0
+        for task_id, _params in claimed:
+            client.complete(task_id)
+        done += len(claimed)
+    client.close()
+    return {key: value / max(done, 1) for key, value in counts.items()} | {"tasks": done}

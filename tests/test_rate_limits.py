@@ -56,7 +56,7 @@ def enqueue(queue: tq.TaskQueue, engine: sa.Engine, keys: list[str], name: str =
 
 
 def race(backend: Backend, engine: sa.Engine, strategy_name: str, tmp_path: Path, limit: int) -> None:
-    """Four worker processes of four threads each over 4 keys x 12 tasks: each start as the tasks saw it."""
+    """Three worker processes of four threads each over 4 keys x 12 tasks: each start as the tasks saw it."""
     reset(engine)
     keys = [f"k{n}" for n in range(4)]
     queue = make_rated_queue(engine, strategy_name)
@@ -65,7 +65,7 @@ def race(backend: Backend, engine: sa.Engine, strategy_name: str, tmp_path: Path
         session.commit()
     queue.close()
     procs = []
-    for n in range(4):
+    for n in range(3):
         args = ["--url", backend.url, "--strategy", strategy_name, "--limit", str(limit)]
         args += ["--ready", str(tmp_path / f"ready-{n}"), "--go", str(tmp_path / "go")]
         procs.append(
@@ -79,7 +79,7 @@ def race(backend: Backend, engine: sa.Engine, strategy_name: str, tmp_path: Path
             )
         )
     try:
-        wait_until(lambda: all((tmp_path / f"ready-{n}").exists() for n in range(4)), 120, "the workers")
+        wait_until(lambda: all((tmp_path / f"ready-{n}").exists() for n in range(3)), 120, "the workers")
         (tmp_path / "go").touch()
         outputs = [proc.communicate(timeout=120) for proc in procs]
     finally:
@@ -134,10 +134,11 @@ def test_racing_worker_processes_never_start_more_than_the_limit_in_any_window(
 
 
 def test_the_race_counts_more_than_the_limit_without_it(
-    backend: Backend, engine: sa.Engine, strategy_name: str, tmp_path: Path
+    backend: Backend, engine: sa.Engine, tmp_path: Path
 ) -> None:
-    # The self-check: the same counting over the same race with no limit finds more.
-    race(backend, engine, strategy_name, tmp_path, 0)
+    # The self-check: the same counting over the same race with no limit finds
+    # more.  (Once per backend: with no limit, the strategies claim alike.)
+    race(backend, engine, backend.strategies[0], tmp_path, 0)
     by_claim, by_task = peaks(engine, limited=False)
     assert by_claim > LIMIT and by_task > LIMIT, (by_claim, by_task)
 

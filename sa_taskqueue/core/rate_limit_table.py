@@ -10,8 +10,8 @@ its whole claim rolls back and tries again.
 
 The key is a SHA-256 of task, window and rate key, so the primary key has a
 fixed size on every database; the three are kept beside it for people.
-Rows of keys that have not started a run for a window's length are
-harmless (their buckets are all past) and may be deleted at any time.
+A row whose key has started no run for 1.1 times its window holds only
+buckets that no window counts any more: it may then be deleted.
 
 `TaskMixin` declares the table on the same `MetaData` as the task table,
 named ``<task table>_rate_limits``, so ``create_all`` and Alembic's

@@ -204,12 +204,7 @@ class TaskQueue(ClaimsAndOutcomes, LiveWorkersListing):
         run at once, across every worker: the key is the task's name, or
         ``concurrency_key`` names the params (one, or a tuple) whose values
         make it, or is a function of the params returning a string.
-
-        ``rate_limit="100/s"`` (or several, ``("10/s", "500/h")``) lets at
-        most N runs start in any window of that length, across every worker;
-        ``rate_key`` splits the count by params as ``concurrency_key`` does.
-        Tasks over their limit stay queued, their ``run_at`` moved to when
-        they may start (docs: how-to/rate-limits).
+        ``rate_limit="100/s"``: at most N starts in any window, per ``rate_key`` made the same way.
 
         ``unique_by`` names params whose values make each enqueue's unique
         key (`sa_taskqueue.features.unique.derive_key`): while a task with the same
@@ -432,8 +427,7 @@ class TaskQueue(ClaimsAndOutcomes, LiveWorkersListing):
         validation.check_positive_int("chunk_size", chunk_size)
         params_list = list(params_list)
         if unique_key is not None and len(params_list) > 1:
-            # One key for every row would keep the first row and drop the
-            # rest: almost surely not what was meant.
+            # One key for every row would keep the first row and drop the rest: not what was meant.
             raise ValueError(
                 f"unique_key gives {len(params_list)} rows one key, so all but the first would be dropped; "
                 "register the task with unique_by=(...) to key each row by its params"
@@ -610,11 +604,9 @@ class TaskQueue(ClaimsAndOutcomes, LiveWorkersListing):
         worker = Worker(
             self, concurrency=concurrency, queues=queues, burst=burst, poll_interval=poll_interval, **options
         )
-        # The start and the end of this call close the connections the
-        # strategy keeps, advisory locks included: a second worker of this
-        # queue object running meanwhile would lose its locks, and its tasks
-        # could run twice.  (Set before the first await, so two calls on one
-        # loop cannot both pass.)
+        # The start and the end of this call close the connections the strategy keeps, advisory
+        # locks included: a second worker of this queue object running meanwhile would lose its
+        # locks, and its tasks could run twice.  (Set before the first await: no two calls pass.)
         if self._async_worker_running:
             raise RuntimeError(
                 "this TaskQueue already runs a worker through run_worker_async: raise its concurrency, "
