@@ -364,3 +364,19 @@ def test_a_task_enqueued_with_a_trace_context_but_no_tracer_in_the_worker_still_
     (claimed,) = app_queue.claim(limit=1)
     assert set(claimed.headers) == {"traceparent"}
     assert app_queue.complete(claimed) is True
+
+
+def test_a_scrape_without_the_tables_still_serves_the_counters(caplog: pytest.LogCaptureFixture) -> None:
+    """An empty database (not migrated): the gauges are left out and logged, the rest is served."""
+    queue = tq.TaskQueue(sa.create_engine("sqlite://"))
+    registry = CollectorRegistry()
+    with PrometheusMetrics(queue, registry=registry, gauges="always") as metrics:
+        metrics.finished("default", "record", "succeeded", 0.01)
+        body, content_type = metrics_exposition(registry)
+    samples = parse(body.decode())
+    assert content_type.startswith("text/plain")
+    labels = {"queue": "default", "task": "record", "outcome": "succeeded"}
+    assert value(samples, "sa_taskqueue_tasks_finished_total", **labels) == 1
+    assert not [key for key in samples if key[0] == "sa_taskqueue_queue_depth"]
+    assert "queue gauges not read" in caplog.text
+    queue.close()
