@@ -128,12 +128,16 @@ def test_a_worker_serves_its_metrics_on_the_metrics_port(
             finished["samples"] = samples
             labels = {"queue": "default", "task": "record", "outcome": "succeeded"}
             failed = {"queue": "default", "task": "boom", "outcome": "failed"}
+            # The table's gauges are read at most every few seconds: the
+            # worker registers itself before its first claim, which a reading
+            # taken at the first scrape may not have seen yet.
             return (
                 value(samples, "sa_taskqueue_tasks_finished_total", **labels) == 4
                 and value(samples, "sa_taskqueue_tasks_finished_total", **failed) == 1
+                and value(samples, "sa_taskqueue_live_workers") == 2
             )
 
-        wait_until(all_finished, 60, "the worker's metrics to count every outcome", every=0.2)
+        wait_until(all_finished, 60, "the worker's metrics to count every outcome and both workers", every=0.2)
         samples = finished["samples"]
     finally:
         worker.send_signal(signal.SIGTERM)
