@@ -137,7 +137,7 @@ def test_a_worker_serves_its_metrics_on_the_metrics_port(
                 and value(samples, "sa_taskqueue_live_workers") == 2
             )
 
-        wait_until(all_finished, 60, "the worker's metrics to count every outcome and both workers", every=0.2)
+        wait_until(all_finished, 60, "the metrics to count every outcome and both workers", every=0.2)
         samples = finished["samples"]
     finally:
         worker.send_signal(signal.SIGTERM)
