@@ -229,6 +229,23 @@ def test_a_task_run_in_a_child_process_gets_its_types(engine: sa.Engine) -> None
     assert row.result == [repr(WHEN), repr([PRICE]), repr(Color.RED)]
 
 
+def test_a_transactional_task_gets_its_types_after_its_session(engine: sa.Engine) -> None:
+    queue = tq.TaskQueue(engine)
+
+    @queue.task(name="booked", transactional=True)
+    def booked(session: Session, day: date, amounts: list[Decimal]) -> list[str]:
+        assert isinstance(session, Session)
+        return [repr(day), repr(amounts)]
+
+    with Session(engine) as session:
+        queue.enqueue(session, "booked", {"day": DAY, "amounts": [PRICE]})
+        session.commit()
+    worker = run_worker(queue)
+    assert (worker.processed, worker.failed) == (1, 0)
+    [row] = rows(engine)
+    assert row.result == [repr(DAY), repr([PRICE])]
+
+
 def test_periodic_params_are_stored_as_json_and_reach_the_function_typed(engine: sa.Engine) -> None:
     clock = MovableClock(datetime(2026, 1, 1, tzinfo=UTC))
     queue = tq.TaskQueue(engine, clock=clock.now)
