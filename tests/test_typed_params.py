@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
 import sa_taskqueue as tq
-from sa_taskqueue.core import param_types
+from sa_taskqueue.core import param_types, validation
 from sa_taskqueue.core.bulk_insert import COPY_THRESHOLD
 from tests.backends import ASYNC_DRIVERS, Backend, async_url
 from tests.helpers import MovableClock, task_row
@@ -488,6 +488,24 @@ class Late:
 
     def __init__(self, text: str) -> None:
         self.text = text
+
+
+class Unencodable:
+    """Registered with an encoder that raises."""
+
+
+def _refuse(value: Unencodable) -> Any:
+    raise RuntimeError("no encoding today")
+
+
+tq.register_type(Unencodable, encode=_refuse, decode=lambda value: Unencodable())
+
+
+def test_an_encoder_s_error_is_a_type_error_naming_the_param() -> None:
+    with pytest.raises(
+        TypeError, match=re.escape("params['x'][0]: Unencodable: its encoder raised RuntimeError")
+    ):
+        validation.storable_params({"x": [Unencodable()]})
 
 
 def test_a_type_registered_after_the_task_is_converted_all_the_same() -> None:

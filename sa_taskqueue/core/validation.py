@@ -156,6 +156,10 @@ def _check_other(value: Any, depth: int) -> Any:
         known, encoded = param_types.encode(value)
     except (TypeError, ValueError) as error:
         raise _Refused(type(error), f"{kind.__name__}: {error}") from None
+    except Exception as error:  # noqa: BLE001 - an application's encoder may raise anything
+        raise _Refused(
+            TypeError, f"{kind.__name__}: its encoder raised {type(error).__name__}: {error}"
+        ) from None
     if known:
         if type(encoded) is kind:
             raise _Refused(TypeError, f"the encoder of {kind.__name__} returned a {kind.__name__}, not JSON")
