@@ -144,10 +144,12 @@ def _is_task_table(table: Table) -> bool:
 
 def _check(instance: TaskMixin, values: dict[str, Any], *, new: bool) -> None:
     try:
-        check_task_row(values, _limits(_table(type(instance))), new=new)
+        stored = check_task_row(values, _limits(_table(type(instance))), new=new)
     except (TypeError, ValueError) as error:
         # Which row, when one flush carries many: the error's own type and text, then the row.
         raise type(error)(f"{error} (in {_describe(instance, new=new)})") from None
+    for column, value in stored.items():  # params with datetimes, Decimals, ...: stored as their JSON
+        setattr(instance, column, value)
 
 
 def _changed(state: InstanceState[Any]) -> dict[str, Any]:
