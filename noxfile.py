@@ -129,7 +129,7 @@ for _backend in BACKENDS:
 @nox.session
 def lint(session: nox.Session) -> None:
     """ruff, mypy --strict on the package, the layer contracts, and the docs site built strictly."""
-    session.install("-e", ".[lint,docs,async,flask,fastapi,postgresql]")
+    session.install("-e", ".[lint,docs,async,flask,fastapi,postgresql,metrics,otel,dashboard]")
     session.run(
         "ruff", "check", "sa_taskqueue", "tests", "alembic", "examples", "benchmarks", "conftest.py",
         "noxfile.py",

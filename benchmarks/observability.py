@@ -37,20 +37,23 @@ TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 def observe(queue: Any, mode: str) -> Any:
     """Metrics, and tracing for ``on``, attached to ``queue``; the tracer provider, to flush at the end."""
-    from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
     from prometheus_client import CollectorRegistry
 
-    from sa_taskqueue.integrations.otel import OpenTelemetryTracing
     from sa_taskqueue.integrations.prometheus import PrometheusMetrics
+
+    PrometheusMetrics(queue, registry=CollectorRegistry()).attach()
+    if mode != "on":
+        return None
+    # (Imported only here: a worker with metrics alone loads nothing of OpenTelemetry.)
+    from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+    from sa_taskqueue.integrations.otel import OpenTelemetryTracing
 
     class Dropped(SpanExporter):
         def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
             return SpanExportResult.SUCCESS
 
-    PrometheusMetrics(queue, registry=CollectorRegistry()).attach()
-    if mode != "on":
-        return None
     provider = TracerProvider()
     provider.add_span_processor(BatchSpanProcessor(Dropped()))
     OpenTelemetryTracing(queue, tracer_provider=provider).attach()

@@ -27,6 +27,7 @@ from sa_taskqueue.core.exceptions import (
     DatabaseUnavailable,
     FootingError,
     MalformedTask,
+    ParamTypeError,
     PoolTooSmall,
     ResultTimeout,
     SchemaMissing,
@@ -39,6 +40,7 @@ from sa_taskqueue.core.exceptions import (
     TaskResultError,
 )
 from sa_taskqueue.core.model import Base, Task, TaskMixin, TaskStatus, metadata
+from sa_taskqueue.core.param_types import register_type
 from sa_taskqueue.core.registered import RegisteredTask, TaskWithOptions
 from sa_taskqueue.features.live_workers import (
     LiveWorker,
@@ -83,6 +85,7 @@ __all__ = [
     "HealthThresholds",
     "LiveWorker",
     "MalformedTask",
+    "ParamTypeError",
     "PoolTooSmall",
     "RegisteredTask",
     "ResultTimeout",
@@ -111,6 +114,7 @@ __all__ = [
     "health",
     "list_live_workers",
     "metadata",
+    "register_type",
     "strategies",
     "unserved_tasks",
 ]

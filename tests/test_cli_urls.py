@@ -60,13 +60,17 @@ def ok(*args: str, url: str | None = None, **env: str) -> str:
 
 @pytest.fixture
 def fresh_app_modules() -> Iterator[None]:
-    """The test apps read their URL when first imported: import them afresh, and forget them after."""
+    """The test apps read their URL when first imported: import them afresh, and put the old ones back.
+
+    Putting back, not forgetting: other tests hold functions of these modules
+    (a process target pickled by reference must still be the module's own).
+    """
     apps = ("tests.cli_app", "tests.async_cli_app", "tests.cli_own_table_app", "tests.periodic_app")
-    for name in apps:
-        sys.modules.pop(name, None)
+    before = {name: sys.modules.pop(name) for name in apps if name in sys.modules}
     yield
     for name in apps:
         sys.modules.pop(name, None)
+    sys.modules.update(before)
 
 
 # Every command on an async URL --------------------------------------------------------

@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
+from sa_taskqueue.core import param_types
 from sa_taskqueue.core.model import CONCURRENCY_KEY_LENGTH
 
 #: What ``concurrency_key=`` accepts: None (the whole task), a param's name,
@@ -85,7 +86,7 @@ class ConcurrencyLimit:
         names = (self.key,) if isinstance(self.key, str) else self.key
         values = [self._value(params, name) for name in names]
         shown = values[0] if isinstance(self.key, str) else values
-        text = json.dumps(shown, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=repr)
+        text = json.dumps(shown, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=_as_json)
         return fitted(self.task_name, f"{self.task_name}:{text}")
 
     def _value(self, params: Mapping[str, Any], name: str) -> Any:
@@ -97,6 +98,15 @@ class ConcurrencyLimit:
             if parameter is not None and parameter.default is not inspect.Parameter.empty:
                 return parameter.default
         return None
+
+
+def _as_json(value: Any) -> Any:
+    """A function's default of a typed param (a ``date``, an Enum) as params store it, so keys agree."""
+    try:
+        known, encoded = param_types.encode(value)
+    except (TypeError, ValueError):
+        known, encoded = False, None
+    return encoded if known else repr(value)
 
 
 def fitted(task_name: str, key: str) -> str:

@@ -55,6 +55,22 @@ class MalformedTask(TaskQueueError):
     """
 
 
+class ParamTypeError(MalformedTask, TypeError):
+    """A task's stored param cannot become the type its function's annotation asks for; it fails for good.
+
+    Raised by the worker before the function is called (``when: datetime``
+    holding ``"yesterday"``, say).  The same stored value would fail the same
+    way on every attempt, so the task is not retried.  ``task_name`` and
+    ``param`` (with the place inside it: ``"dates[2]"``) name what failed.
+    """
+
+    def __init__(self, task_name: str, param: str, problem: str) -> None:
+        super().__init__(f"task {task_name!r}: param {param!r} {problem}")
+        self.task_name = task_name
+        self.param = param
+        self.problem = problem
+
+
 class DatabaseError(TaskQueueError):
     """The database refused a statement (bad data, a constraint, a permission).
 

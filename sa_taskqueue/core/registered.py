@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
-from sa_taskqueue.core import validation
+from sa_taskqueue.core import param_types, validation
+from sa_taskqueue.core.exceptions import ParamTypeError
 from sa_taskqueue.core.limits import ColumnLimits
 
 if TYPE_CHECKING:
@@ -69,6 +70,10 @@ class RegisteredTask(Generic[P, R]):
         self._fitting_keys: set[frozenset[str]] = set()
         self._async_of: object = None
         self._is_async = False
+        # The params whose annotations ask for a type JSON does not hold (most ask for none):
+        # read once here, and again only if the process registers a param type meanwhile.
+        self._converters_version = param_types.registry_version()
+        self._converters = param_types.converters_for(func)
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         return self.func(*args, **kwargs)
@@ -125,6 +130,27 @@ class RegisteredTask(Generic[P, R]):
             self._is_async = inspect.iscoroutinefunction(func)
             self._async_of = func
         return self._is_async
+
+    def call_params(self, params: dict[str, Any]) -> dict[str, Any]:
+        """The stored ``params`` as the function is called with them: each converted to its annotated type.
+
+        A param annotated ``datetime``, ``Decimal``, ``list[UUID]``,
+        ``Color | None``, a registered class, ... is decoded from its JSON
+        (`sa_taskqueue.core.param_types`); the others are passed as they are,
+        and ``params`` itself is returned when no annotation asks for a
+        conversion.  A value that cannot become its type raises
+        `ParamTypeError`, naming this task and the param.
+        """
+        if self._converters_version != param_types.registry_version():
+            self._converters_version = param_types.registry_version()
+            self._converters = param_types.converters_for(self.func)
+        converters = self._converters
+        if not converters:
+            return params
+        try:
+            return param_types.convert_params(converters, params)
+        except param_types.ParamMismatch as mismatch:
+            raise ParamTypeError(self.name, "".join(reversed(mismatch.path)), mismatch.problem) from None
 
     def check_params(self, params: Mapping[str, Any]) -> None:
         """Params the function can be called with, as the worker will call it (``func(**params)``).

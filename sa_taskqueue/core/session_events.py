@@ -24,6 +24,7 @@ fixes the value, expunges the row or rolls back.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable
 from functools import cache
 from typing import Any
@@ -39,6 +40,8 @@ from sa_taskqueue.core.limits import ColumnLimits
 from sa_taskqueue.core.model import TaskMixin
 from sa_taskqueue.core.notify import notify_enqueued
 from sa_taskqueue.core.validation import CHECKED_COLUMNS, check_task_row
+
+logger = logging.getLogger("sa_taskqueue")
 
 #: What a new task row added without headers should carry: each hook (a tracer's) is asked in turn,
 #: in ``before_flush``, and may return headers for the row (or None).  Empty unless something traces.
@@ -79,7 +82,12 @@ def check_task_rows(session: Session, flush_context: UOWTransaction, instances: 
 
 def _fill_headers(instance: TaskMixin) -> None:
     for hook in tuple(_row_headers):
-        headers = hook(instance)
+        try:
+            headers = hook(instance)
+        except Exception:
+            # A broken tracer must not refuse the application's row: it goes without headers.
+            logger.exception("a task row's headers hook (%s) raised", getattr(hook, "__name__", hook))
+            continue
         if headers:
             instance.headers = headers
             return
@@ -136,10 +144,12 @@ def _is_task_table(table: Table) -> bool:
 
 def _check(instance: TaskMixin, values: dict[str, Any], *, new: bool) -> None:
     try:
-        check_task_row(values, _limits(_table(type(instance))), new=new)
+        stored = check_task_row(values, _limits(_table(type(instance))), new=new)
     except (TypeError, ValueError) as error:
         # Which row, when one flush carries many: the error's own type and text, then the row.
         raise type(error)(f"{error} (in {_describe(instance, new=new)})") from None
+    for column, value in stored.items():  # params with datetimes, Decimals, ...: stored as their JSON
+        setattr(instance, column, value)
 
 
 def _changed(state: InstanceState[Any]) -> dict[str, Any]:

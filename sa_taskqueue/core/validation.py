@@ -19,6 +19,7 @@ from typing import Any
 
 from sqlalchemy.sql import ClauseElement
 
+from sa_taskqueue.core import param_types
 from sa_taskqueue.core.limits import (
     DEFAULT_LIMITS,
     EARLIEST_RUN_AT,
@@ -45,25 +46,37 @@ class _Refused(Exception):
 def check_params(params: Any) -> None:
     """A dict with string keys (they become keyword arguments) of values every database stores as JSON.
 
+    As `storable_params`, for a caller that keeps no encoded copy.
+    """
+    storable_params(params)
+
+
+def storable_params(params: Any) -> dict[str, Any]:
+    """``params`` checked, as they are stored: values of known types encoded as plain JSON.
+
     Values are None, booleans, integers within `PARAMS_INT_MIN`..`PARAMS_INT_MAX`,
     finite floats, strings, lists or tuples and dicts of these, nested at most
-    `MAX_PARAMS_DEPTH` deep; no string (key or value) may hold a NUL or an
+    `MAX_PARAMS_DEPTH` deep, or values of the types `sa_taskqueue.core.param_types`
+    knows (datetimes, Decimals, UUIDs, Enum members, registered classes), each
+    replaced by its JSON encoding; no string (key or value) may hold a NUL or an
     unpaired surrogate.  One pass over the values, no serialisation: a wrong
     kind is a `TypeError`, a value out of range a `ValueError`, each naming
-    where in params it is.
+    where in params it is.  ``params`` itself is returned when nothing needed
+    encoding (the common case: no copy); otherwise a copy, ``params`` untouched.
     """
     if not isinstance(params, dict):
         raise TypeError(f"params must be a dict (a JSON object), got {type(params).__name__}")
     try:
-        _check_object(params, 1)
+        return _check_object(params, 1)
     except _Refused as refused:
         where = "".join(reversed(refused.path))
         raise refused.error(f"params{where}: {refused.problem}") from None
 
 
-def _check_object(value: dict[Any, Any], depth: int) -> None:
+def _check_object(value: dict[Any, Any], depth: int) -> dict[Any, Any]:
     if depth > MAX_PARAMS_DEPTH:
         raise _Refused(ValueError, f"nested more than {MAX_PARAMS_DEPTH} arrays and objects deep")
+    encoded: dict[Any, Any] | None = None
     for key, item in value.items():
         if not isinstance(key, str):
             raise _Refused(TypeError, f"keys must be strings (they become keyword arguments), got {key!r}")
@@ -71,44 +84,105 @@ def _check_object(value: dict[Any, Any], depth: int) -> None:
             problem = unstorable_character(key)
             if problem is not None:
                 raise _Refused(ValueError, f"the key holds {problem}")
-            _check_value(item, depth)
+            stored = _check_value(item, depth)
         except _Refused as refused:
             refused.path.append(f"[{key!r}]")
             raise
+        if stored is not item:
+            if encoded is None:
+                encoded = dict(value)
+            encoded[key] = stored
+    return value if encoded is None else encoded
 
 
-def _check_value(value: Any, depth: int) -> None:
+def _check_value(value: Any, depth: int) -> Any:
+    """``value`` as stored: itself when it is JSON already, else its encoding, checked in turn."""
     kind = type(value)
-    if kind is str or isinstance(value, str):
+    if kind is str:
         problem = unstorable_character(value)
         if problem is not None:
             raise _Refused(ValueError, f"the string holds {problem}")
     elif value is None or kind is bool:
-        return
-    elif isinstance(value, int):
-        if not PARAMS_INT_MIN <= value <= PARAMS_INT_MAX:
-            # (Named by size: printing a huge integer can itself fail, past 4,300 digits.)
-            raise _Refused(
-                ValueError,
-                f"integers must fit in 64 bits ({PARAMS_INT_MIN} to {PARAMS_INT_MAX}), "
-                f"got one of {value.bit_length()} bits",
-            )
-    elif isinstance(value, float):
-        if not math.isfinite(value):
-            raise _Refused(ValueError, f"numbers must be finite (JSON has no NaN or infinity), got {value}")
-    elif isinstance(value, dict):
-        _check_object(value, depth + 1)
-    elif isinstance(value, list | tuple):
-        if depth + 1 > MAX_PARAMS_DEPTH:
-            raise _Refused(ValueError, f"nested more than {MAX_PARAMS_DEPTH} arrays and objects deep")
-        for index, item in enumerate(value):
-            try:
-                _check_value(item, depth + 1)
-            except _Refused as refused:
-                refused.path.append(f"[{index}]")
-                raise
+        pass
+    elif kind is int:
+        _check_int(value)
+    elif kind is float:
+        _check_float(value)
+    elif kind is dict:
+        return _check_object(value, depth + 1)
+    elif kind is list or kind is tuple:
+        return _check_array(value, depth)
     else:
-        raise _Refused(TypeError, f"{kind.__name__} is not a JSON value")
+        return _check_other(value, depth)
+    return value
+
+
+def _check_int(value: int) -> None:
+    if not PARAMS_INT_MIN <= value <= PARAMS_INT_MAX:
+        # (Named by size: printing a huge integer can itself fail, past 4,300 digits.)
+        raise _Refused(
+            ValueError,
+            f"integers must fit in 64 bits ({PARAMS_INT_MIN} to {PARAMS_INT_MAX}), "
+            f"got one of {value.bit_length()} bits",
+        )
+
+
+def _check_float(value: float) -> None:
+    if not math.isfinite(value):
+        raise _Refused(ValueError, f"numbers must be finite (JSON has no NaN or infinity), got {value}")
+
+
+def _check_array(value: list[Any] | tuple[Any, ...], depth: int) -> Any:
+    if depth + 1 > MAX_PARAMS_DEPTH:
+        raise _Refused(ValueError, f"nested more than {MAX_PARAMS_DEPTH} arrays and objects deep")
+    encoded: list[Any] | None = None
+    for index, item in enumerate(value):
+        try:
+            stored = _check_value(item, depth + 1)
+        except _Refused as refused:
+            refused.path.append(f"[{index}]")
+            raise
+        if stored is not item:
+            if encoded is None:
+                encoded = list(value)
+            encoded[index] = stored
+    return value if encoded is None else encoded
+
+
+def _check_other(value: Any, depth: int) -> Any:
+    """A value of a known param type (encoded), or of a subclass of a JSON type (kept), or refused."""
+    kind = type(value)
+    try:
+        known, encoded = param_types.encode(value)
+    except (TypeError, ValueError) as error:
+        raise _Refused(type(error), f"{kind.__name__}: {error}") from None
+    except Exception as error:  # noqa: BLE001 - an application's encoder may raise anything
+        raise _Refused(
+            TypeError, f"{kind.__name__}: its encoder raised {type(error).__name__}: {error}"
+        ) from None
+    if known:
+        if type(encoded) is kind:
+            raise _Refused(TypeError, f"the encoder of {kind.__name__} returned a {kind.__name__}, not JSON")
+        return _check_value(encoded, depth)
+    if isinstance(value, str):
+        problem = unstorable_character(value)
+        if problem is not None:
+            raise _Refused(ValueError, f"the string holds {problem}")
+    elif isinstance(value, int):
+        _check_int(value)
+    elif isinstance(value, float):
+        _check_float(value)
+    elif isinstance(value, dict):
+        return _check_object(value, depth + 1)
+    elif isinstance(value, list | tuple):
+        return _check_array(value, depth)
+    else:
+        raise _Refused(
+            TypeError,
+            f"{kind.__name__} is not a JSON value, nor a type params can hold "
+            "(register one with sa_taskqueue.register_type)",
+        )
+    return value
 
 
 def check_result(result: Any, what: str = "result") -> None:
@@ -247,7 +321,7 @@ def task_values(
     ``limits`` are those of the task table the row goes to.
     """
     check_task_name(name, limits)
-    check_params(params)
+    params = storable_params(params)
     check_queue_name(queue, limits)
     check_priority(priority, limits)
     check_max_attempts(max_attempts, limits)
@@ -286,19 +360,24 @@ CHECKED_COLUMNS = (
 _DATETIME_COLUMNS = frozenset({"run_at", "created_at", "started_at", "finished_at", "locked_until"})
 
 
-def check_task_row(values: Mapping[str, Any], limits: ColumnLimits = DEFAULT_LIMITS, *, new: bool) -> None:
+def check_task_row(
+    values: Mapping[str, Any], limits: ColumnLimits = DEFAULT_LIMITS, *, new: bool
+) -> dict[str, Any]:
     """The values an application set on a task row itself (``session.add(Task(...))``), each checked.
 
     ``values`` holds only the columns that were set: a column missing, or
     None in a ``new`` row, gets its default at the INSERT.  A SQL expression
     (``Task.attempts + 1``, ``func.now()``) is not checked: the database
-    computes it, and its own constraints are what hold it.  A new row must
+    computes it, and its own constraints are what hold it.  Returned: the
+    values to store in place of those given (params holding datetimes,
+    Decimals, ... as their JSON encoding; `storable_params`).  A new row must
     have a name.  The name is not looked up among registered tasks: the
     process adding the row need not import the task (a worker that knows no
     such task leaves it queued).
     """
     if new and values.get("name") is None:
         raise TypeError("name must be set: a task row needs the name of the task to run")
+    stored: dict[str, Any] = {}
     for column, value in values.items():
         if _is_sql_expression(value):
             continue  # computed by the database at the flush: there is no value to check here
@@ -306,7 +385,13 @@ def check_task_row(values: Mapping[str, Any], limits: ColumnLimits = DEFAULT_LIM
             if not new and column not in _NULLABLE_COLUMNS:
                 raise TypeError(f"{column} must not be None: the column holds no NULL")
             continue
+        if column == "params":
+            params = storable_params(value)
+            if params is not value:
+                stored["params"] = params
+            continue
         _ROW_CHECKS[column](value, limits)
+    return stored
 
 
 def _is_sql_expression(value: Any) -> bool:
@@ -369,6 +454,7 @@ __all__ = [
     "check_text",
     "is_storable",
     "run_at_after",
+    "storable_params",
     "task_values",
     "timeout_seconds",
 ]

@@ -19,6 +19,7 @@ lease runs out and another process takes the reading over.
 
 from __future__ import annotations
 
+import logging
 import secrets
 import threading
 from collections.abc import Callable
@@ -31,10 +32,14 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from sa_taskqueue.core import control
 from sa_taskqueue.core.control_rows import ensure_row
+from sa_taskqueue.core.error_text import error_message
+from sa_taskqueue.core.exceptions import TaskQueueError
 from sa_taskqueue.core.model import TaskStatus
 from sa_taskqueue.core.worker_table import worker_table_of
 
 T = TypeVar("T")
+
+logger = logging.getLogger("sa_taskqueue")
 
 #: The statuses whose rows a reading counts: what is waiting and what is running.
 COUNTED_STATUSES = (TaskStatus.QUEUED, TaskStatus.RUNNING)
@@ -135,8 +140,8 @@ class GaugeReader:
     reading while it is fresh, else takes a new one if this process may
     (``mode``), else None.  ``call`` runs a function where the engine may be
     used (the queue's ``run_sync``, for an async engine).  A database error
-    is logged by the caller's exporter as any collection error is; the
-    reading is then None.
+    is logged and the reading is None: the scrape still answers with the
+    counters and histograms, which need no database.
     """
 
     def __init__(
@@ -169,6 +174,13 @@ class GaugeReader:
         """The current reading, taken now if the last is older than the interval; None if not ours to take."""
         if self.mode == "never":
             return None
+        try:
+            return self._read()
+        except (SQLAlchemyError, TaskQueueError) as error:
+            logger.warning("queue gauges not read: %s", error_message(error))
+            return None
+
+    def _read(self) -> QueueGauges | None:
         with self._lock:
             now = self.clock()
             last = self._last

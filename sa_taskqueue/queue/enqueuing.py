@@ -208,8 +208,7 @@ class Enqueuing:
             if column in first
         }
         for params in params_list[1:]:
-            params = {} if params is None else params
-            validation.check_params(params)
+            params = validation.storable_params({} if params is None else params)
             for column, value in self._with_params(registered, {}, params, unique_key).items():
                 varying[column].append(value)
         return TaskRows(first, varying)

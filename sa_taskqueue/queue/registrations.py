@@ -118,9 +118,7 @@ class Registrations:
         register: Callable[[Callable[P, R]], RegisteredTask[P, R]],
     ) -> Callable[[Callable[P, R]], RegisteredTask[P, R]]:
         """``register`` (`decorator`'s), with ``params`` checked now and against each function it gets."""
-        run_params: dict[str, Any] = {} if params is None else params
-        validation.check_params(run_params)
-        run_params = dict(run_params)
+        run_params = dict(validation.storable_params({} if params is None else params))
 
         def register_periodic(func: Callable[P, R]) -> RegisteredTask[P, R]:
             signature = signature_to_check(func)

@@ -248,13 +248,17 @@ class ClaimLoop:
         while the tasks pass it on among themselves.  Its lease runs from
         its passage, not from the wait before it.
         """
-        if self._gate is None:
-            sent_at = time.monotonic()
-            claimed = self.claim(limit)
-        else:
-            with self._gate.writer():
-                sent_at = time.monotonic()
+        sent_at = time.monotonic()
+        try:
+            if self._gate is None:
                 claimed = self.claim(limit)
+            else:
+                with self._gate.writer():
+                    sent_at = time.monotonic()
+                    claimed = self.claim(limit)
+        except BaseException as error:
+            self.emit.statement("claim", sent_at, 0, error)
+            raise
         self.emit.statement("claim", sent_at, len(claimed))
         return sent_at, claimed
 

@@ -21,7 +21,7 @@ from typing import Any, Literal
 from sa_taskqueue.core.error_text import error_message
 from sa_taskqueue.core.event_loop_bridge import LoopThread
 from sa_taskqueue.core.events import EventKind
-from sa_taskqueue.core.exceptions import DatabaseUnavailable, MalformedTask, TaskNotRegistered
+from sa_taskqueue.core.exceptions import DatabaseUnavailable, MalformedTask, ParamTypeError, TaskNotRegistered
 from sa_taskqueue.core.log_fields import task_fields
 from sa_taskqueue.core.registered import RegisteredTask
 from sa_taskqueue.core.validation import check_result
@@ -169,7 +169,18 @@ class SlotRunner:
             self.finished(slot)
             self.emit.task(EventKind.LEASE_LOST, task)
             return
-        if task.malformed is not None:
+        params = task.params
+        mistyped: ParamTypeError | None = None
+        if task.malformed is None and registered is not None:
+            try:
+                params = registered.call_params(task.params)
+            except ParamTypeError as error:
+                # A stored value that can never become its annotated type: malformed, so not retried.
+                slot.task = task = replace(task, malformed=str(error))
+                mistyped = error
+        if mistyped is not None:
+            outcome = Outcome(error=mistyped)
+        elif task.malformed is not None:
             outcome = Outcome(error=MalformedTask(task.malformed))  # it cannot run: it fails, unrun
         elif registered is None:
             # Only registered functions run: a row's name is never imported.
@@ -177,12 +188,12 @@ class SlotRunner:
         elif registered.options.transactional:
             if slot.given_back:
                 return
-            outcome = self.run_transactional(slot, registered)
+            outcome = self.run_transactional(slot, registered, params)
         elif self.isolation == "process":
             with slot.lock:
                 if slot.given_back:
                     return
-                slot.child = ChildProcess(registered.func, task.params, self._after_fork)
+                slot.child = ChildProcess(registered.func, params, self._after_fork)
             outcome = self._wait_for_process(slot, slot.child, registered.options.timeout)
             watchdog = self.keeper.watchdog
             if watchdog is not None and slot.child.pid is not None:
@@ -193,10 +204,10 @@ class SlotRunner:
             if registered.is_async:
                 timeout = registered.options.timeout
                 outcome = run_on_loop(
-                    registered.func, task.params, timeout, self._task_loop(), partial(self._started, slot)
+                    registered.func, params, timeout, self._task_loop(), partial(self._started, slot)
                 )
             else:
-                outcome = run_in_thread(registered.func, task.params, registered.options.timeout)
+                outcome = run_in_thread(registered.func, params, registered.options.timeout)
         given_back = self.finished(slot)
         if given_back or isinstance(outcome.error, GivenBack) or outcome.committed is False:
             return
@@ -225,7 +236,9 @@ class SlotRunner:
             slot.error = outcome.error
             self.writer.write(slot, None, outcome.error_text or outcome.error, wait=self.hooked(True))
 
-    def run_transactional(self, slot: Slot, registered: RegisteredTask[Any, Any]) -> Outcome:
+    def run_transactional(
+        self, slot: Slot, registered: RegisteredTask[Any, Any], params: dict[str, Any]
+    ) -> Outcome:
         """Run a transactional task, then commit its writes with its completion, or roll them back.
 
         The commit is written only while the run succeeded in time and the
@@ -244,7 +257,7 @@ class SlotRunner:
             async_run = run = AsyncRun(self.queue, registered.func)
             if not self._passed_gate(slot, run):
                 return Outcome(error=GivenBack())
-            outcome = run_on_loop(async_run.call, task.params, timeout, loop, partial(self._started, slot))
+            outcome = run_on_loop(async_run.call, params, timeout, loop, partial(self._started, slot))
 
             def settle(result: Any, commit: bool) -> bool:
                 coroutine = async_run.settle(task, result, commit=commit)
@@ -254,7 +267,7 @@ class SlotRunner:
             sync_run = run = SyncRun(self.queue, registered.func)
             if not self._passed_gate(slot, run):
                 return Outcome(error=GivenBack())
-            outcome = run_in_thread(sync_run.call, task.params, timeout)
+            outcome = run_in_thread(sync_run.call, params, timeout)
 
             def settle(result: Any, commit: bool) -> bool:
                 return sync_run.settle(task, result, commit=commit)
