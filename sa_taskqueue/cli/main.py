@@ -7,6 +7,7 @@ non-zero exit; ``--debug`` shows the traceback instead.
 
 from __future__ import annotations
 
+import getpass
 import importlib
 import json
 import logging
@@ -948,18 +949,22 @@ def _retry(engine: sa.Engine, table: sa.Table, /, task_id: int | None) -> int:
 @_url_option
 @click.pass_context
 def cancel(ctx: click.Context, task_id: int, app: str | None, url: str | None) -> None:
-    """Cancel a queued task so that it never runs."""
+    """Cancel a task: a queued one never runs, a running one is stopped by its worker."""
     with for_people(ctx, url):
         target = _target(ctx, app, url)
     with for_people(ctx, target.url):
-        cancelled = _on_queue(target.queue, _cancel, task_id)
-    if not cancelled:
-        raise Failure(f"task {task_id} is not queued (or does not exist): nothing cancelled")
-    click.echo(f"cancelled task {task_id}")
+        outcome = target.queue.cancel_task(task_id, by=_cancelled_by())
+    if not outcome.cancelled:
+        raise Failure(outcome.message)
+    click.echo(outcome.message)
 
 
-def _cancel(engine: sa.Engine, table: sa.Table, /, task_id: int) -> bool:
-    return Admin(engine, table).cancel(task_id)
+def _cancelled_by() -> str:
+    """Who cancels from the command line, as the task row records it: ``cli:<user>``."""
+    try:
+        return f"cli:{getpass.getuser()}"
+    except (OSError, KeyError):  # no user name in this environment
+        return "cli"
 
 
 # pause, resume ------------------------------------------------------------------

@@ -24,7 +24,13 @@ from sa_taskqueue.core.registered import DEFAULT_RETRY_DELAY, RegisteredTask
 from sa_taskqueue.core.types import utcnow
 from sa_taskqueue.core.unawaited import EnqueueCoroutine
 from sa_taskqueue.features import retention as retention_rows
-from sa_taskqueue.features.admin import cancel_task
+from sa_taskqueue.features.cancellation import (
+    DEFAULT_CANCELLED_BY,
+    CancelResult,
+    TaskProgress,
+    read_progress,
+)
+from sa_taskqueue.features.cancellation import cancel as request_cancel
 from sa_taskqueue.features.concurrency import ConcurrencyClaims
 from sa_taskqueue.features.live_workers import LiveWorkers
 from sa_taskqueue.features.pausing import QueuePauses
@@ -461,9 +467,27 @@ class TaskQueue(ClaimsAndOutcomes, LiveWorkersListing):
                 lambda: measure_table_health(self.engine, self.table, now=moment, thresholds=thresholds)
             )
 
-    def cancel(self, task_id: int) -> bool:
-        """Cancel a queued task so that it is never claimed; False if it is not queued."""
-        return cancel_task(self._parts, self.events, task_id)
+    def cancel(self, task_id: int, *, by: str = DEFAULT_CANCELLED_BY) -> bool:
+        """Cancel a task: a queued one at once, a running one by its worker; False if finished or missing.
+
+        `cancel_task` says which of these it was.
+        """
+        return self.cancel_task(task_id, by=by).cancelled
+
+    def cancel_task(self, task_id: int, *, by: str = DEFAULT_CANCELLED_BY) -> CancelResult:
+        """Cancel task ``task_id``, recording ``by`` as who did; what it found in `CancelResult.state`.
+
+        A queued task is CANCELLED at once and never runs.  For a running
+        one the request is recorded: the worker holding it learns of it
+        within one heartbeat (at once on PostgreSQL), stops it, and writes
+        CANCELLED unless the task's own outcome was written first.  A
+        finished or missing task is left alone.
+        """
+        return request_cancel(self._parts, self.events, task_id, by)
+
+    def progress(self, task_id: int) -> TaskProgress | None:
+        """The last progress task ``task_id`` reported (``current_task().report``); None if none."""
+        return read_progress(self._parts, task_id)
 
     # Results ---------------------------------------------------------------
 
