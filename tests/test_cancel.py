@@ -28,6 +28,7 @@ from sqlalchemy.orm import Session
 import sa_taskqueue as tq
 from sa_taskqueue.backends import backend_for
 from sa_taskqueue.core.types import utcnow
+from sa_taskqueue.features.admin import Admin
 from sa_taskqueue.features.cancellation import (
     cancel_queued_statement,
     request_cancel_statement,
@@ -185,6 +186,17 @@ def test_a_transactional_task_cancelled_leaves_none_of_its_writes(
     task_id, _sent = cancel_once_started(engine, cancel_queue, "write_then_loop", 6)
     assert_cancelled_by_tester(engine, cancel_queue, task_id)
     assert WRITTEN not in notes(engine, 6), "its writes were rolled back"
+
+
+@pytest.mark.requires("notify")
+def test_where_the_database_notifies_the_worker_stops_the_task_at_once_not_at_its_heartbeat(
+    engine: sa.Engine, cancel_queue: tq.TaskQueue, start_worker: StartWorker
+) -> None:
+    """A 60-second lease: the heartbeat beats every 19 seconds; the cancel channel is heard at once."""
+    start_worker("--lease", "60")
+    task_id, sent = cancel_once_started(engine, cancel_queue, "loop_sync", 8)
+    wait_until(lambda: status(engine, task_id) is tq.TaskStatus.CANCELLED, 10, "the task cancelled", 0.02)
+    assert time.monotonic() - sent < 10
 
 
 # The race with the task's own end ------------------------------------------------
@@ -434,3 +446,13 @@ def test_the_cancel_and_progress_statements_compile_for_oracle() -> None:
     fenced_text = text(fenced)
     assert "locked_by = :held_by" in fenced_text and "locked_until > :held_now" in fenced_text
     assert "progress=:progress, progress_note=:progress_note" in fenced_text
+
+
+def test_a_cancelled_task_run_again_is_no_longer_cancelled(
+    engine: sa.Engine, cancel_queue: tq.TaskQueue
+) -> None:
+    task_id = enqueue_one(cancel_queue, engine, "nap", {"key": 1, "seconds": 0})
+    assert cancel_queue.cancel_task(task_id, by="me").state is tq.CancelState.QUEUED
+    assert Admin(engine, cancel_queue.table).retry(task_id) == 1
+    row = task_row(engine, task_id)
+    assert (row.status, row.cancel_requested_at, row.cancelled_by) == (tq.TaskStatus.QUEUED, None, None)

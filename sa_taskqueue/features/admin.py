@@ -246,6 +246,12 @@ class Admin:
             "finished_at": None,
             "locked_by": None,
             "locked_until": None,
+            # A cancelled task run again is no longer cancelled: its new run must not be stopped.
+            "cancel_requested_at": None,
+            "cancelled_by": None,
+            "progress": None,
+            "progress_note": None,
+            "progress_at": None,
         }
         with translate_database_errors(self.engine, self.table), self.engine.begin() as conn:
             retried = conn.execute(
