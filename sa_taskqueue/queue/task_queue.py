@@ -24,13 +24,6 @@ from sa_taskqueue.core.registered import DEFAULT_RETRY_DELAY, RegisteredTask
 from sa_taskqueue.core.types import utcnow
 from sa_taskqueue.core.unawaited import EnqueueCoroutine
 from sa_taskqueue.features import retention as retention_rows
-from sa_taskqueue.features.cancellation import (
-    DEFAULT_CANCELLED_BY,
-    CancelResult,
-    TaskProgress,
-    read_progress,
-)
-from sa_taskqueue.features.cancellation import cancel as request_cancel
 from sa_taskqueue.features.concurrency import ConcurrencyClaims
 from sa_taskqueue.features.live_workers import LiveWorkers
 from sa_taskqueue.features.pausing import QueuePauses
@@ -40,6 +33,7 @@ from sa_taskqueue.features.schedules import EnqueuedSlot, PeriodicTask, Schedule
 from sa_taskqueue.health import HealthThresholds, TableHealth, measure_table_health
 from sa_taskqueue.health.self_test import check_footing
 from sa_taskqueue.queue.attached import run_attached
+from sa_taskqueue.queue.cancelling import RunningTaskControl
 from sa_taskqueue.queue.claiming import Claims
 from sa_taskqueue.queue.claims_and_outcomes import ClaimsAndOutcomes
 from sa_taskqueue.queue.enqueuing import Enqueuing
@@ -66,7 +60,7 @@ DEFAULT_LEASE = timedelta(minutes=5)
 DEFAULT_MAX_RETRY_DELAY = timedelta(hours=1)
 
 
-class TaskQueue(ClaimsAndOutcomes, LiveWorkersListing):
+class TaskQueue(ClaimsAndOutcomes, LiveWorkersListing, RunningTaskControl):
     """A task queue on one table of one database.
 
     ``bind`` is an `Engine` or a `sessionmaker` bound to one, or an
@@ -466,28 +460,6 @@ class TaskQueue(ClaimsAndOutcomes, LiveWorkersListing):
             return self._parts.call(
                 lambda: measure_table_health(self.engine, self.table, now=moment, thresholds=thresholds)
             )
-
-    def cancel(self, task_id: int, *, by: str = DEFAULT_CANCELLED_BY) -> bool:
-        """Cancel a task: a queued one at once, a running one by its worker; False if finished or missing.
-
-        `cancel_task` says which of these it was.
-        """
-        return self.cancel_task(task_id, by=by).cancelled
-
-    def cancel_task(self, task_id: int, *, by: str = DEFAULT_CANCELLED_BY) -> CancelResult:
-        """Cancel task ``task_id``, recording ``by`` as who did; what it found in `CancelResult.state`.
-
-        A queued task is CANCELLED at once and never runs.  For a running
-        one the request is recorded: the worker holding it learns of it
-        within one heartbeat (at once on PostgreSQL), stops it, and writes
-        CANCELLED unless the task's own outcome was written first.  A
-        finished or missing task is left alone.
-        """
-        return request_cancel(self._parts, self.events, task_id, by)
-
-    def progress(self, task_id: int) -> TaskProgress | None:
-        """The last progress task ``task_id`` reported (``current_task().report``); None if none."""
-        return read_progress(self._parts, task_id)
 
     # Results ---------------------------------------------------------------
 
