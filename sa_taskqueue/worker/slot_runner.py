@@ -214,6 +214,8 @@ class SlotRunner:
     def _run(self, slot: Slot, registered: RegisteredTask[Any, Any] | None) -> Outcome | None:
         """Run the task as its registration and the worker's isolation say; None if given back unstarted."""
         task = slot.task
+        if slot.cancel_requested:
+            return Outcome(error=CancellationRequested(task.id))  # cancelled before it began: it never does
         if task.malformed is not None:
             outcome = Outcome(error=MalformedTask(task.malformed))  # it cannot run: it fails, unrun
         elif registered is None:
