@@ -66,6 +66,7 @@ from sa_taskqueue.features.live_workers import unserved_line
 from sa_taskqueue.features.pausing import read_paused, set_paused
 from sa_taskqueue.health import HealthThresholds, health_lines
 from sa_taskqueue.queue import TaskQueue
+from sa_taskqueue.worker.cancelling import DEFAULT_CANCEL_GRACE
 from sa_taskqueue.worker.worker import DEFAULT_COMPLETION_DELAY
 
 if TYPE_CHECKING:
@@ -371,6 +372,13 @@ WORKER_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
         help="Seconds running tasks get to finish after SIGTERM before they are given back.",
     ),
     click.option(
+        "--cancel-grace",
+        default=DEFAULT_CANCEL_GRACE,
+        show_default=True,
+        type=cli_params.SHUTDOWN_TIMEOUT,
+        help="Seconds a cancelled task process gets to stop before it is killed (--isolation process).",
+    ),
+    click.option(
         "--completion-delay",
         default=DEFAULT_COMPLETION_DELAY,
         show_default=True,
@@ -441,6 +449,7 @@ def worker(
     burst: bool,
     poll_interval: float,
     shutdown_timeout: float,
+    cancel_grace: float,
     completion_delay: float,
     no_listen: bool,
     no_self_test: bool,
@@ -471,6 +480,7 @@ def worker(
                 poll_interval=poll_interval,
                 isolation=isolation,
                 shutdown_timeout=shutdown_timeout,
+                cancel_grace=cancel_grace,
                 listen=not no_listen,
                 self_test=not no_self_test,
                 completion_delay=completion_delay,

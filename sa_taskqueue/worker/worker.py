@@ -118,6 +118,10 @@ class Worker:
     Under process isolation a task whose lease cannot be renewed in time is
     stopped by the worker itself, which then lives on.
 
+    ``cancel_grace`` is how long a cancelled task process has to stop (it
+    gets SIGUSR1, `CancellationRequested` in the task) before it is killed
+    (`sa_taskqueue.worker.cancelling`).
+
     ``event_loop`` is where ``async def`` tasks run under thread isolation:
     by default the loop of the queue's async engine, or, for a sync engine,
     one loop of the worker's own.  Under process isolation each runs on a
