@@ -217,12 +217,13 @@ class Listener(threading.Thread):
             driver.autocommit = True
             quote = self.engine.dialect.identifier_preparer.quote
             driver.execute(f"LISTEN {quote(self.channel)}")
+            if self.cancelled is not None:
+                # Before the control channel's LISTEN, which stays the connection's last statement.
+                driver.execute(f"LISTEN {quote(self.cancel_channel)}")
             if self.control_changed is not None:
                 driver.execute(f"LISTEN {quote(self.control_channel)}")
                 # What changed while we were not listening is read again too.
                 self.control_changed("")
-            if self.cancelled is not None:
-                driver.execute(f"LISTEN {quote(self.cancel_channel)}")
             self.listening.set()
             self.backoff = 0.5  # connected: the next outage starts from a short wait again
             # A wake-up right after (re)connecting: anything enqueued while we
