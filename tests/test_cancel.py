@@ -208,7 +208,8 @@ def test_cancels_racing_completions_leave_each_task_exactly_one_outcome(
     """Each task is cancelled at about the time it ends; whichever write comes first is its one outcome."""
     seconds = 0.3
     count = 24
-    start_worker("--concurrency", "4")
+    # A longer lease than the others': under a loaded machine's stalls a lease lost would run a task twice.
+    start_worker("--concurrency", "4", "--lease", "10")
     with Session(engine) as session:
         tasks = [
             cancel_queue.enqueue(session, "nap", {"key": n, "seconds": seconds}, max_attempts=3)
@@ -219,7 +220,7 @@ def test_cancels_racing_completions_leave_each_task_exactly_one_outcome(
     rng = random.Random(7)
 
     def cancel_near_its_end(task_id: int) -> None:
-        wait_until(lambda: task_row(engine, task_id).started_at is not None, 120, "the task to start", 0.01)
+        wait_until(lambda: task_row(engine, task_id).started_at is not None, 180, "the task to start", 0.02)
         time.sleep(max(0.0, seconds + rng.uniform(-0.15, 0.1)))
         cancel_queue.cancel_task(task_id, by="racer")
 
@@ -229,7 +230,7 @@ def test_cancels_racing_completions_leave_each_task_exactly_one_outcome(
     for thread in threads:
         thread.join(180)
     finished = (tq.TaskStatus.COMPLETED, tq.TaskStatus.CANCELLED)
-    wait_until(lambda: all(status(engine, i) in finished for i in ids), 60, "every task to end")
+    wait_until(lambda: all(status(engine, i) in finished for i in ids), 120, "every task to end", 0.2)
     outcomes: dict[str, int] = {}
     for key, task_id in enumerate(ids):
         row = task_row(engine, task_id)
