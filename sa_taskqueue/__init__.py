@@ -12,6 +12,7 @@ import importlib
 from sa_taskqueue import _moved, backends, health, strategies
 from sa_taskqueue.core import session_events
 from sa_taskqueue.core.claimed import ClaimedTask
+from sa_taskqueue.core.current_task import CancellationRequested, TaskContext, current_task
 from sa_taskqueue.core.event_loop_bridge import SyncCallOnEventLoop
 from sa_taskqueue.core.events import (
     EnqueueEvent,
@@ -42,6 +43,7 @@ from sa_taskqueue.core.exceptions import (
 from sa_taskqueue.core.model import Base, Task, TaskMixin, TaskStatus, metadata
 from sa_taskqueue.core.param_types import register_type
 from sa_taskqueue.core.registered import RegisteredTask, TaskWithOptions
+from sa_taskqueue.features.cancellation import CancelResult, CancelState, TaskProgress
 from sa_taskqueue.features.live_workers import (
     LiveWorker,
     RunningTask,
@@ -73,6 +75,9 @@ def __getattr__(name: str) -> object:
 
 __all__ = [
     "Base",
+    "CancelResult",
+    "CancelState",
+    "CancellationRequested",
     "ClaimedTask",
     "DatabaseBusy",
     "DatabaseError",
@@ -97,11 +102,13 @@ __all__ = [
     "TableHealth",
     "Task",
     "TaskCancelled",
+    "TaskContext",
     "TaskEvent",
     "TaskFailed",
     "TaskMixin",
     "TaskNotFound",
     "TaskNotRegistered",
+    "TaskProgress",
     "TaskQueue",
     "TaskQueueError",
     "TaskResultError",
@@ -111,6 +118,7 @@ __all__ = [
     "Worker",
     "WorkerEvent",
     "backends",
+    "current_task",
     "health",
     "list_live_workers",
     "metadata",

@@ -102,7 +102,7 @@ def test_retry_cancel_and_purge(backend: Backend, engine: sa.Engine) -> None:
 
     assert run_cli("cancel", str(queued_id), url=backend.url).returncode == 0
     assert task_row(engine, queued_id).status == tq.TaskStatus.CANCELLED
-    one_line_error(run_cli("cancel", str(queued_id), url=backend.url), "not queued")
+    one_line_error(run_cli("cancel", str(queued_id), url=backend.url), "already cancelled: nothing cancelled")
 
     result = run_cli("purge", "--completed", "--older-than", "7d", "--batch-size", "10", url=backend.url)
     assert result.returncode == 0, result.stderr

@@ -173,7 +173,8 @@ def test_every_page_answers_with_the_tables_tasks(queue: tq.TaskQueue, seeded: d
     assert 'data-field="name">mail.send' in failed
     assert 'data-action="retry"' in failed and 'data-action="delete"' in failed
     assert 'data-action="cancel"' in pages[f"/tasks/{seeded['queued']}"].text
-    assert "data-action" not in pages[f"/tasks/{seeded['running']}"].text.split("<main", 1)[1]
+    running = pages[f"/tasks/{seeded['running']}"].text.split("<main", 1)[1]
+    assert re.findall(r'data-action="([^"]+)"', running) == ["cancel"], "a running task can only be cancelled"
     schedules = pages["/schedules"].text
     assert f'<tr data-schedule="{PERIODIC}">' in schedules
     assert "Europe/Paris" in schedules and 'data-action="enqueue-now"' in schedules
@@ -270,6 +271,13 @@ def test_each_action_changes_the_database(queue: tq.TaskQueue, seeded: dict[str,
     response = post(client, "/", f"/tasks/{running}/delete")
     assert status_of(engine, running) == "running"
     assert "nothing deleted" in client.get(response.headers["location"]).text
+
+    # A running task's cancel is recorded for its worker, who did it and when kept on the row.
+    response = post(client, f"/tasks/{running}", f"/tasks/{running}/cancel")
+    assert status_of(engine, running) == "running"
+    page = client.get(response.headers["location"]).text
+    assert f"Task {running} is running: cancel requested; its worker stops it within one heartbeat." in page
+    assert 'data-field="cancelled_by">dashboard<' in page
 
     post(client, "/", "/queues/mail/pause")
     assert read_paused(engine, queue.table) == frozenset({"mail"})

@@ -7,6 +7,7 @@ non-zero exit; ``--debug`` shows the traceback instead.
 
 from __future__ import annotations
 
+import getpass
 import importlib
 import json
 import logging
@@ -65,6 +66,7 @@ from sa_taskqueue.features.live_workers import unserved_line
 from sa_taskqueue.features.pausing import read_paused, set_paused
 from sa_taskqueue.health import HealthThresholds, health_lines
 from sa_taskqueue.queue import TaskQueue
+from sa_taskqueue.worker.cancelling import DEFAULT_CANCEL_GRACE
 from sa_taskqueue.worker.worker import DEFAULT_COMPLETION_DELAY
 
 if TYPE_CHECKING:
@@ -370,6 +372,13 @@ WORKER_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
         help="Seconds running tasks get to finish after SIGTERM before they are given back.",
     ),
     click.option(
+        "--cancel-grace",
+        default=DEFAULT_CANCEL_GRACE,
+        show_default=True,
+        type=cli_params.SHUTDOWN_TIMEOUT,
+        help="Seconds a cancelled task process gets to stop before it is killed (--isolation process).",
+    ),
+    click.option(
         "--completion-delay",
         default=DEFAULT_COMPLETION_DELAY,
         show_default=True,
@@ -440,6 +449,7 @@ def worker(
     burst: bool,
     poll_interval: float,
     shutdown_timeout: float,
+    cancel_grace: float,
     completion_delay: float,
     no_listen: bool,
     no_self_test: bool,
@@ -470,6 +480,7 @@ def worker(
                 poll_interval=poll_interval,
                 isolation=isolation,
                 shutdown_timeout=shutdown_timeout,
+                cancel_grace=cancel_grace,
                 listen=not no_listen,
                 self_test=not no_self_test,
                 completion_delay=completion_delay,
@@ -948,18 +959,22 @@ def _retry(engine: sa.Engine, table: sa.Table, /, task_id: int | None) -> int:
 @_url_option
 @click.pass_context
 def cancel(ctx: click.Context, task_id: int, app: str | None, url: str | None) -> None:
-    """Cancel a queued task so that it never runs."""
+    """Cancel a task: a queued one never runs, a running one is stopped by its worker."""
     with for_people(ctx, url):
         target = _target(ctx, app, url)
     with for_people(ctx, target.url):
-        cancelled = _on_queue(target.queue, _cancel, task_id)
-    if not cancelled:
-        raise Failure(f"task {task_id} is not queued (or does not exist): nothing cancelled")
-    click.echo(f"cancelled task {task_id}")
+        outcome = target.queue.cancel_task(task_id, by=_cancelled_by())
+    if not outcome.cancelled:
+        raise Failure(outcome.message)
+    click.echo(outcome.message)
 
 
-def _cancel(engine: sa.Engine, table: sa.Table, /, task_id: int) -> bool:
-    return Admin(engine, table).cancel(task_id)
+def _cancelled_by() -> str:
+    """Who cancels from the command line, as the task row records it: ``cli:<user>``."""
+    try:
+        return f"cli:{getpass.getuser()}"
+    except (OSError, KeyError):  # no user name in this environment
+        return "cli"
 
 
 # pause, resume ------------------------------------------------------------------

@@ -53,6 +53,11 @@ def control_channel_name(table: Table) -> str:
     return f"sa_taskqueue_ctl_{table.name}"[:63]
 
 
+def cancel_channel_name(table: Table) -> str:
+    """The channel on which cancels of one task table's running tasks are announced (the payload: the id)."""
+    return f"sa_taskqueue_cxl_{table.name}"[:63]
+
+
 def notify_enqueued(session: Session | scoped_session[Any], table: Table, queues: Iterable[str]) -> None:
     """Within the caller's transaction: wake listening workers of these queues at commit.
 
@@ -149,6 +154,7 @@ class Listener(threading.Thread):
         wake: Callable[[str], None],
         stop: threading.Event,
         control_changed: Callable[[str], None] | None = None,
+        cancelled: Callable[[str], None] | None = None,
     ) -> None:
         super().__init__(name="sa_taskqueue-listen", daemon=True)
         self.engine = engine
@@ -156,6 +162,9 @@ class Listener(threading.Thread):
         self.control_channel = control_channel_name(table)
         self.wake = wake
         self.control_changed = control_changed
+        #: With it, the listener also hears the cancels of running tasks (the worker holding one stops it).
+        self.cancelled = cancelled
+        self.cancel_channel = cancel_channel_name(table)
         self.stop = stop
         self.listening = threading.Event()
         # An async engine's driver cannot wait here: a sync engine to its server does.
@@ -208,6 +217,9 @@ class Listener(threading.Thread):
             driver.autocommit = True
             quote = self.engine.dialect.identifier_preparer.quote
             driver.execute(f"LISTEN {quote(self.channel)}")
+            if self.cancelled is not None:
+                # Before the control channel's LISTEN, which stays the connection's last statement.
+                driver.execute(f"LISTEN {quote(self.cancel_channel)}")
             if self.control_changed is not None:
                 driver.execute(f"LISTEN {quote(self.control_channel)}")
                 # What changed while we were not listening is read again too.
@@ -244,5 +256,7 @@ class Listener(threading.Thread):
             for notification in arrived:
                 if notification.channel == self.control_channel and self.control_changed is not None:
                     self.control_changed(notification.payload)
+                elif notification.channel == self.cancel_channel and self.cancelled is not None:
+                    self.cancelled(notification.payload)
                 else:
                     self.wake(notification.payload)

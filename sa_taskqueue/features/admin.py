@@ -31,7 +31,6 @@ from sqlalchemy.orm import Session
 
 from sa_taskqueue.backends import backend_for
 from sa_taskqueue.core import validation
-from sa_taskqueue.core.events import EventKind, EventStream, TaskEvent
 from sa_taskqueue.core.exceptions import translate_database_errors
 from sa_taskqueue.core.finished import notify_finished
 from sa_taskqueue.core.limits import ColumnLimits
@@ -39,7 +38,6 @@ from sa_taskqueue.core.model import FINISHED_STATUSES, Task, TaskMixin, TaskStat
 from sa_taskqueue.core.notify import notify_enqueued
 from sa_taskqueue.core.types import LongText, utcnow
 from sa_taskqueue.features import unique
-from sa_taskqueue.features.ports import QueueContext
 
 
 @dataclass(frozen=True)
@@ -246,6 +244,12 @@ class Admin:
             "finished_at": None,
             "locked_by": None,
             "locked_until": None,
+            # A cancelled task run again is no longer cancelled: its new run must not be stopped.
+            "cancel_requested_at": None,
+            "cancelled_by": None,
+            "progress": None,
+            "progress_note": None,
+            "progress_at": None,
         }
         with translate_database_errors(self.engine, self.table), self.engine.begin() as conn:
             retried = conn.execute(
@@ -330,34 +334,6 @@ def cancel_queued(conn: Connection, table: Table, task_id: int, now: datetime) -
         return False
     notify_finished(conn, table, [task_id])
     return True
-
-
-def cancel_task(context: QueueContext, events: EventStream, task_id: int) -> bool:
-    """`TaskQueue.cancel`: `cancel_queued` in a transaction of its own; ``CANCELLED`` once it commits."""
-    strategy = context.strategy
-    now = context.clock()
-
-    def cancel() -> TaskEvent | bool:
-        with strategy.transaction(context.engine) as conn:
-            cancelled = cancel_queued(conn, context.table, task_id, now)
-            if cancelled and events.wants(EventKind.CANCELLED):
-                return cancelled_event(conn, context.table, task_id, now)
-            return cancelled
-
-    with context.database_errors():
-        outcome = context.call(cancel)
-    if isinstance(outcome, TaskEvent):
-        events.emit(outcome)
-        return True
-    return outcome
-
-
-def cancelled_event(conn: Connection, table: Table, task_id: int, now: datetime) -> TaskEvent:
-    """The ``CANCELLED`` event of task ``task_id``, cancelled in ``conn``'s open transaction."""
-    name, queue, attempts = conn.execute(
-        select(table.c.name, table.c.queue, table.c.attempts).where(table.c.id == task_id)
-    ).one()
-    return TaskEvent(EventKind.CANCELLED, task_id, name, queue, attempts, now)
 
 
 # Reading tasks: ``sa-taskqueue list`` and ``show`` ----------------------------------

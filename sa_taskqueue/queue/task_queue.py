@@ -24,7 +24,6 @@ from sa_taskqueue.core.registered import DEFAULT_RETRY_DELAY, RegisteredTask
 from sa_taskqueue.core.types import utcnow
 from sa_taskqueue.core.unawaited import EnqueueCoroutine
 from sa_taskqueue.features import retention as retention_rows
-from sa_taskqueue.features.admin import cancel_task
 from sa_taskqueue.features.concurrency import ConcurrencyClaims
 from sa_taskqueue.features.live_workers import LiveWorkers
 from sa_taskqueue.features.pausing import QueuePauses
@@ -34,6 +33,7 @@ from sa_taskqueue.features.schedules import EnqueuedSlot, PeriodicTask, Schedule
 from sa_taskqueue.health import HealthThresholds, TableHealth, measure_table_health
 from sa_taskqueue.health.self_test import check_footing
 from sa_taskqueue.queue.attached import run_attached
+from sa_taskqueue.queue.cancelling import RunningTaskControl
 from sa_taskqueue.queue.claiming import Claims
 from sa_taskqueue.queue.claims_and_outcomes import ClaimsAndOutcomes
 from sa_taskqueue.queue.enqueuing import Enqueuing
@@ -60,7 +60,7 @@ DEFAULT_LEASE = timedelta(minutes=5)
 DEFAULT_MAX_RETRY_DELAY = timedelta(hours=1)
 
 
-class TaskQueue(ClaimsAndOutcomes, LiveWorkersListing):
+class TaskQueue(ClaimsAndOutcomes, LiveWorkersListing, RunningTaskControl):
     """A task queue on one table of one database.
 
     ``bind`` is an `Engine` or a `sessionmaker` bound to one, or an
@@ -466,10 +466,6 @@ class TaskQueue(ClaimsAndOutcomes, LiveWorkersListing):
             return self._parts.call(
                 lambda: measure_table_health(self.engine, self.table, now=moment, thresholds=thresholds)
             )
-
-    def cancel(self, task_id: int) -> bool:
-        """Cancel a queued task so that it is never claimed; False if it is not queued."""
-        return cancel_task(self._parts, self.events, task_id)
 
     # Results ---------------------------------------------------------------
 

@@ -11,6 +11,7 @@ child process it runs on a loop of the child's own.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import ctypes.util
 import inspect
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, overload
 
+from sa_taskqueue.core.current_task import CancellationRequested, TaskContext, current_task
 from sa_taskqueue.core.exceptions import TaskQueueError
 
 
@@ -204,6 +206,13 @@ class ChildProcess:
     def pid(self) -> int | None:
         return self._process.pid
 
+    def request_cancel(self) -> None:
+        """Ask the child to stop: SIGUSR1 raises `CancellationRequested` in it (see `_child_main`)."""
+        pid = self._process.pid
+        if pid is not None and self._process.is_alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGUSR1)
+
     def kill(self) -> None:
         """Stop the child now (shutdown or timeout)."""
         self.killed = True
@@ -271,6 +280,7 @@ def _child_main(
     # its shutdown timeout), so the child ignores both.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGUSR1, _cancelled_in_child)
     _die_with_parent(parent)
     after_fork()
     try:
@@ -286,6 +296,21 @@ def _child_main(
 
 
 _FORK_LOCK = threading.Lock()
+
+
+def _cancelled_in_child(signum: int, frame: object) -> None:
+    """SIGUSR1 in a task process: the task was cancelled; its context says so, and the run is interrupted."""
+    context = _current_or_none()
+    if context is not None:
+        context.request_cancel()
+    raise CancellationRequested(context.task_id if context is not None else 0)
+
+
+def _current_or_none() -> TaskContext | None:
+    try:
+        return current_task()
+    except RuntimeError:
+        return None
 
 
 def _die_with_parent(parent: int) -> None:

@@ -40,6 +40,8 @@ class LeaseKeeper:
         self.watchdog: Watchdog | None = None
         #: A renewal is on its way: the heartbeat cannot arm again until it returns.
         self._renewing = False
+        #: Checks which of the renewed tasks were cancelled (`sa_taskqueue.worker.cancelling`).
+        self.cancels: Callable[[list[Slot]], None] | None = None
         engine = queue.engine
         self._gate = backend_for(engine.dialect).write_gate(engine.url)
         self.lease_seconds = self.heartbeat_seconds = self._arm_slack = 0.0
@@ -134,6 +136,10 @@ class LeaseKeeper:
             # transactional one may have committed it before its slot is freed.)
             elif not slot.finished and not slot.completing:
                 self.give_up(slot, "its lease was taken over")
+        if self.cancels is not None:
+            # One SELECT by primary key of the tasks still held: the cost of
+            # learning of a cancel within one heartbeat (PostgreSQL hears it at once).
+            self.cancels([slot for slot in slots if not slot.lease_lost])
         self.emit.worker(EventKind.WORKER_HEARTBEAT)
 
     def _renewal_passage(self) -> AbstractContextManager[object]:

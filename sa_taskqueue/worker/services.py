@@ -86,14 +86,18 @@ class ListenService:
         queue: WorkerQueue,
         notified: Callable[[str], None],
         pause_changed: Callable[[str], None],
+        cancelled: Callable[[str], None] | None = None,
     ) -> None:
         self.queue = queue
+        self.cancelled = cancelled
         self.notified = notified
         self.pause_changed = pause_changed
         self.listener: Listener | None = None
 
     def run(self, stopping: threading.Event) -> None:
-        listener = Listener(self.queue.engine, self.queue.table, self.notified, stopping, self.pause_changed)
+        listener = Listener(
+            self.queue.engine, self.queue.table, self.notified, stopping, self.pause_changed, self.cancelled
+        )
         self.listener = listener
         listener.start()
         if stopping.is_set():

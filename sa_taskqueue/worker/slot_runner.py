@@ -18,6 +18,14 @@ from dataclasses import replace
 from functools import partial
 from typing import Any, Literal
 
+from sa_taskqueue.core.claimed import ClaimedTask
+from sa_taskqueue.core.current_task import (
+    CancellationRequested,
+    ProgressSink,
+    TaskContext,
+    reset_current,
+    set_current,
+)
 from sa_taskqueue.core.error_text import error_message
 from sa_taskqueue.core.event_loop_bridge import LoopThread
 from sa_taskqueue.core.events import EventKind
@@ -25,6 +33,7 @@ from sa_taskqueue.core.exceptions import DatabaseUnavailable, MalformedTask, Par
 from sa_taskqueue.core.log_fields import task_fields
 from sa_taskqueue.core.registered import RegisteredTask
 from sa_taskqueue.core.validation import check_result
+from sa_taskqueue.features.cancellation import write_cancelled
 from sa_taskqueue.features.transactional import AsyncRun, SyncRun, log_lease_lost
 from sa_taskqueue.worker.claim_loop import ClaimLoop
 from sa_taskqueue.worker.execution import (
@@ -51,6 +60,20 @@ Isolation = Literal["thread", "process"]
 FREE_GIVE_BACKS_AFTER_A_CUT = 3
 #: Tasks whose cuts a worker remembers at most; past this it starts counting afresh.
 MAX_CUTS_REMEMBERED = 10_000
+
+
+def in_context(func: Callable[..., Any], context: TaskContext | None) -> Callable[..., Any]:
+    """An ``async def`` task's function, run with its `TaskContext` current.
+
+    A coroutine run on another thread's loop gets that loop's context, not
+    the slot thread's: the context is set again inside the coroutine.
+    """
+
+    async def with_context(**params: Any) -> Any:
+        set_current(context)
+        return await func(**params)
+
+    return with_context
 
 
 class SlotRunner:
@@ -86,6 +109,9 @@ class SlotRunner:
         self._own_loop: LoopThread | None = None
         #: How often each task's connection was cut under it in this worker, by task id.
         self._cuts: dict[int, int] = {}
+        #: Where the progress its tasks report goes (`sa_taskqueue.worker.progress`), and how it is let go of.
+        self.progress_sink: ProgressSink | None = None
+        self.forget_progress: Callable[[ClaimedTask], None] = lambda task: None
 
     def take_up(self, slot: Slot) -> None:
         """A slot's thread takes up its task, and the lone slot's next ones as it claims them."""
@@ -169,6 +195,27 @@ class SlotRunner:
             self.finished(slot)
             self.emit.task(EventKind.LEASE_LOST, task)
             return
+        slot.context = TaskContext(task, self.progress_sink)
+        token = set_current(slot.context)
+        try:
+            outcome = self._run(slot, registered)
+        finally:
+            reset_current(token)
+            if self.progress_sink is not None:
+                self.forget_progress(task)
+        if outcome is None:
+            return
+        given_back = self.finished(slot)
+        if slot.cancel_requested and not given_back and not slot.lease_lost and not outcome.ok:
+            self._write_cancelled(slot)
+            return
+        self._after_run(slot, outcome, given_back)
+
+    def _run(self, slot: Slot, registered: RegisteredTask[Any, Any] | None) -> Outcome | None:
+        """Run the task as its registration and the worker's isolation say; None if given back unstarted."""
+        task = slot.task
+        if slot.cancel_requested:
+            return Outcome(error=CancellationRequested(task.id))  # cancelled before it began: it never does
         params = task.params
         mistyped: ParamTypeError | None = None
         if task.malformed is None and registered is not None:
@@ -187,28 +234,37 @@ class SlotRunner:
             outcome = Outcome(error=TaskNotRegistered(task.name))
         elif registered.options.transactional:
             if slot.given_back:
-                return
+                return None
             outcome = self.run_transactional(slot, registered, params)
         elif self.isolation == "process":
             with slot.lock:
                 if slot.given_back:
-                    return
-                slot.child = ChildProcess(registered.func, params, self._after_fork)
+                    return None
+                if slot.cancel_requested:
+                    return Outcome(error=CancellationRequested(task.id))
+                slot.child = ChildProcess(registered.func, params, partial(self._after_fork, slot))
             outcome = self._wait_for_process(slot, slot.child, registered.options.timeout)
             watchdog = self.keeper.watchdog
             if watchdog is not None and slot.child.pid is not None:
                 watchdog.gone(slot.child.pid)
         else:
             if slot.given_back:
-                return
+                return None
             if registered.is_async:
                 timeout = registered.options.timeout
                 outcome = run_on_loop(
-                    registered.func, params, timeout, self._task_loop(), partial(self._started, slot)
+                    in_context(registered.func, slot.context),
+                    params,
+                    timeout,
+                    self._task_loop(),
+                    partial(self._started, slot),
                 )
             else:
                 outcome = run_in_thread(registered.func, params, registered.options.timeout)
-        given_back = self.finished(slot)
+        return outcome
+
+    def _after_run(self, slot: Slot, outcome: Outcome, given_back: bool) -> None:
+        """Record a run's outcome: a success, a failure, or nothing for a run given back or taken over."""
         if given_back or isinstance(outcome.error, GivenBack) or outcome.committed is False:
             return
         if outcome.connection_cut and not self._cut_too_often(slot):
@@ -254,7 +310,7 @@ class SlotRunner:
         run: SyncRun | AsyncRun
         if registered.is_async:
             loop = self.queue.event_loop()  # where the queue's AsyncEngine's connections live
-            async_run = run = AsyncRun(self.queue, registered.func)
+            async_run = run = AsyncRun(self.queue, in_context(registered.func, slot.context))
             if not self._passed_gate(slot, run):
                 return Outcome(error=GivenBack())
             outcome = run_on_loop(async_run.call, params, timeout, loop, partial(self._started, slot))
@@ -370,7 +426,7 @@ class SlotRunner:
         """Keep an async run's future, for giving it back; False if it was given back already."""
         with slot.lock:
             slot.coroutine = future
-            return not slot.given_back
+            return not slot.given_back and not slot.cancel_requested
 
     def _task_loop(self) -> asyncio.AbstractEventLoop:
         """The loop ``async def`` tasks run on (see the `Worker` docstring)."""
@@ -398,19 +454,51 @@ class SlotRunner:
             self.keeper.arm_locked()
             return slot.given_back
 
-    def _after_fork(self) -> None:
+    def _write_cancelled(self, slot: Slot) -> None:
+        """A cancelled run has stopped: write CANCELLED, fenced like every outcome, and say so."""
+        task = slot.task
+        slot.duration = time.monotonic() - slot.started
+        queue = self.queue
+        try:
+            written = write_cancelled(queue.strategy, queue.engine, queue.table, task, queue.clock())
+        except DatabaseUnavailable as error:
+            logger.error("task %d %s: could not record its cancel (%s); its lease will", *ids(task), error)
+            return
+        if written:
+            logger.info("task %d %s: cancelled while it ran", *ids(task))
+            self.emit.task(EventKind.CANCELLED, task, duration=slot.duration)
+        else:
+            logger.warning("task %d %s: cancelled, but taken over meanwhile: nothing recorded", *ids(task))
+            self.emit.task(EventKind.LEASE_LOST, task, duration=slot.duration)
+
+    def _after_fork(self, slot: Slot | None = None) -> None:
         # The child inherited the pool's connections; it must not use them,
         # nor close them (closing sends the server a goodbye that would end
         # the parent's sessions).  The task opens fresh ones if it needs any.
         self.queue.engine.dispose(close=False)
+        if slot is not None and slot.context is not None:
+            slot.context.detach_progress()  # (the writer's thread is the worker's, not the child's)
         watchdog = self.keeper.watchdog
         if watchdog is not None:
             register_child(watchdog.fileno)
 
     def _wait_for_process(self, slot: Slot, child: ChildProcess, timeout: float | None) -> Outcome:
         """The outcome of a task process, stopped if its lease goes unrenewed (see `LeaseKeeper`)."""
-        outcome = child.wait(timeout, partial(self.keeper.stop_unrenewed_at, slot))
+
+        def until() -> float:
+            stop = self.keeper.stop_unrenewed_at(slot)
+            return stop if slot.cancel_kill_at is None else min(stop, slot.cancel_kill_at)
+
+        outcome = child.wait(timeout, until)
+        while outcome is None and slot.cancel_kill_at is not None and time.monotonic() < slot.cancel_kill_at:
+            outcome = child.wait(timeout, until)  # (cancelled meanwhile: wait on, to its grace)
         if outcome is None:
+            if slot.cancel_kill_at is not None and time.monotonic() >= slot.cancel_kill_at:
+                logger.warning(
+                    "task %d %s: cancelled, and still running after its grace: killed", *ids(slot.task)
+                )
+                child.kill()
+                return child.wait(None)
             if not slot.lease_lost:  # (else the heartbeat has stopped it already: taken over)
                 self.keeper.give_up(slot, "its lease could not be renewed in time")
             return child.wait(None)  # killed: over at once

@@ -13,6 +13,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from sa_taskqueue.core.claimed import ClaimedTask
+from sa_taskqueue.core.current_task import TaskContext
 from sa_taskqueue.worker.execution import ChildProcess, Outcome
 
 
@@ -47,6 +48,12 @@ class Slot:
     #: The run's wall time and its exception, once over: what its outcome's event carries.
     duration: float | None = None
     error: BaseException | None = None
+    #: What `current_task` returns inside the run.
+    context: TaskContext | None = None
+    #: Someone cancelled the task while it ran, and the worker is stopping it.
+    cancel_requested: bool = False
+    #: When a cancelled task process is killed if it has not ended (monotonic).
+    cancel_kill_at: float | None = None
     # Shutdown (giving back) and the task's thread (starting a child) decide
     # under this lock, so a task is never given back and then started.
     lock: threading.Lock = field(default_factory=threading.Lock)

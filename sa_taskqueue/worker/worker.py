@@ -44,6 +44,7 @@ from sa_taskqueue.features.pausing import PauseWatch
 from sa_taskqueue.features.retention import RetentionService
 from sa_taskqueue.features.schedules import ScheduleService
 from sa_taskqueue.features.transactional import check_no_transactional
+from sa_taskqueue.worker.cancelling import DEFAULT_CANCEL_GRACE, Canceller
 from sa_taskqueue.worker.claim_loop import MAX_ERROR_BACKOFF, MIN_POLL_INTERVAL, ClaimLoop
 from sa_taskqueue.worker.lease_keeper import LeaseKeeper, heartbeat_interval
 from sa_taskqueue.worker.lifecycle import Emitter, subscribe_hooks, subscribe_log
@@ -51,6 +52,7 @@ from sa_taskqueue.worker.outages import Outages
 from sa_taskqueue.worker.outcome_writer import OutcomeWriter
 from sa_taskqueue.worker.pool_capacity import check_pool
 from sa_taskqueue.worker.ports import WorkerQueue
+from sa_taskqueue.worker.progress import ProgressWriter
 from sa_taskqueue.worker.services import ListenService, ServiceRunner
 from sa_taskqueue.worker.slot_runner import Isolation, SlotRunner
 from sa_taskqueue.worker.slot_threads import SlotThreads
@@ -116,6 +118,10 @@ class Worker:
     Under process isolation a task whose lease cannot be renewed in time is
     stopped by the worker itself, which then lives on.
 
+    ``cancel_grace`` is how long a cancelled task process has to stop (it
+    gets SIGUSR1, `CancellationRequested` in the task) before it is killed
+    (`sa_taskqueue.worker.cancelling`).
+
     ``event_loop`` is where ``async def`` tasks run under thread isolation:
     by default the loop of the queue's async engine, or, for a sync engine,
     one loop of the worker's own.  Under process isolation each runs on a
@@ -141,6 +147,7 @@ class Worker:
         event_loop: asyncio.AbstractEventLoop | None = None,
         self_test: bool = True,
         completion_delay: float = DEFAULT_COMPLETION_DELAY,
+        cancel_grace: float = DEFAULT_CANCEL_GRACE,
     ) -> None:
         if not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 1:
             raise ValueError(f"concurrency must be a positive integer, got {concurrency!r}")
@@ -152,6 +159,10 @@ class Worker:
             isinstance(completion_delay, int | float) and 0 <= completion_delay < math.inf
         ):
             raise ValueError(f"completion_delay must be a number of seconds >= 0, got {completion_delay!r}")
+        if isinstance(cancel_grace, bool) or not (
+            isinstance(cancel_grace, int | float) and cancel_grace >= 0
+        ):
+            raise ValueError(f"cancel_grace must be a number of seconds >= 0, got {cancel_grace!r}")
         if shutdown_timeout < 0:
             raise ValueError(f"shutdown_timeout must not be negative, got {shutdown_timeout!r}")
         if isinstance(queues, str):
@@ -203,6 +214,12 @@ class Worker:
             hooked=self._hooked,
         )
         self._claims.bind(self._writer.completions, self._runner.give_back_unstarted)
+        # Cancels of running tasks, and the progress they report (`worker.cancelling`, `worker.progress`).
+        self._canceller = Canceller(queue, state, cancel_grace)
+        self._lease.cancels = self._canceller.check
+        self._progress = ProgressWriter(queue)
+        self._runner.progress_sink = self._progress.report
+        self._runner.forget_progress = self._progress.forget
 
     # The counts, kept where the parts count them ----------------------------
 
@@ -314,6 +331,7 @@ class Worker:
             self.concurrency, self._runner.take_up, self._runner.never_taken_up, name="sa_taskqueue-task"
         )
         self._writer.completions.start()
+        self._progress.start()
         try:
             try:
                 self._claims.run(pool)
@@ -336,6 +354,7 @@ class Worker:
             pool.shutdown()
             service_runner.stop(timeout=2)
             heartbeat.join(timeout=2)
+            self._progress.stop()
             self._lease.close_watchdog()
             self._runner.stop_own_loop()
             restore_signals()
@@ -378,7 +397,11 @@ class Worker:
                 )
             )
         if self._listening and can_listen(self.queue.engine):
-            services.append(ListenService(self.queue, self._claims.notified, self._claims.pause_changed))
+            services.append(
+                ListenService(
+                    self.queue, self._claims.notified, self._claims.pause_changed, self._canceller.notified
+                )
+            )
         if self.queue.periodic_tasks:
             services.append(ScheduleService(self.queue, self.poll_interval, self._state.wake.set))
         return services

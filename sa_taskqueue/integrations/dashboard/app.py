@@ -82,6 +82,10 @@ TASK_FIELDS = (
     "unique_key",
     "concurrency_key",
     "concurrency_slot",
+    "progress",
+    "progress_at",
+    "cancel_requested_at",
+    "cancelled_by",
 )
 
 
@@ -537,9 +541,9 @@ class Dashboard:
                     "error", f"Task {task_id} is not failed or cancelled (or its unique key is held)."
                 )
             if action == "cancel":
-                if await run_in_threadpool(queue.cancel, task_id):
-                    return Flash("ok", f"Task {task_id} is cancelled.")
-                return Flash("error", f"Task {task_id} is not queued: nothing cancelled.")
+                outcome = await run_in_threadpool(queue.cancel_task, task_id, by="dashboard")
+                text = outcome.message[0].upper() + outcome.message[1:] + "."
+                return Flash("ok" if outcome.cancelled else "error", text)
             if action == "delete":
                 if await self.db(lambda engine, table: Admin(engine, table).delete(task_id)):
                     # Its own page is gone: back to the list.
@@ -701,7 +705,7 @@ def _moment(name: str, value: str | None) -> datetime | None:
 
 def _task_actions(status: TaskStatus) -> list[str]:
     """The actions that can change a task in ``status``."""
-    if status is TaskStatus.QUEUED:
+    if status in (TaskStatus.QUEUED, TaskStatus.RUNNING):
         return ["cancel"]
     if status in (TaskStatus.FAILED, TaskStatus.CANCELLED):
         return ["retry", "delete"]
