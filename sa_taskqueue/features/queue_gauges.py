@@ -27,10 +27,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal, TypeVar
 
-from sqlalchemy import Engine, Table, and_, case, func, or_, select, update
+from sqlalchemy import Engine, Table, case, func, select
 from sqlalchemy.exc import SQLAlchemyError
 
-from sa_taskqueue.core import control
+from sa_taskqueue.core import control, control_rows
 from sa_taskqueue.core.control_rows import ensure_row
 from sa_taskqueue.core.error_text import error_message
 from sa_taskqueue.core.exceptions import TaskQueueError
@@ -106,31 +106,13 @@ def take_lease(engine: Engine, task_table: Table, holder: str, now: datetime, ho
     """Take or renew the metrics lease of ``task_table`` for ``holder`` until ``now + hold``: True if held."""
     table = control.control_table_of(task_table)
     ensure_row(engine, table, control.METRICS, task_table.name, now)
-    with engine.begin() as conn:
-        taken = conn.execute(
-            update(table)
-            .where(
-                and_(table.c.kind == control.METRICS, table.c.name == task_table.name),
-                or_(table.c.held_by.is_(None), table.c.held_until <= now, table.c.held_by == holder),
-            )
-            .values(held_by=holder, held_until=now + hold, updated_at=now)
-        )
-        return taken.rowcount == 1
+    return control_rows.take_lease(engine, table, control.METRICS, task_table.name, holder, now, hold)
 
 
 def release_lease(engine: Engine, task_table: Table, holder: str, now: datetime) -> None:
     """Give the metrics lease up if ``holder`` holds it, so that another process takes the reading over."""
     table = control.control_table_of(task_table)
-    with engine.begin() as conn:
-        conn.execute(
-            update(table)
-            .where(
-                table.c.kind == control.METRICS,
-                table.c.name == task_table.name,
-                table.c.held_by == holder,
-            )
-            .values(held_by=None, held_until=None, updated_at=now)
-        )
+    control_rows.release_lease(engine, table, control.METRICS, task_table.name, holder, now)
 
 
 class GaugeReader:

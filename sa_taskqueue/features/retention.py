@@ -28,11 +28,11 @@ from datetime import datetime, timedelta
 from threading import Event
 from typing import Any
 
-from sqlalchemy import ColumnElement, Delete, Engine, Table, bindparam, delete, or_, select, update
+from sqlalchemy import ColumnElement, Delete, Engine, Table, bindparam, delete, select
 from sqlalchemy.engine import Dialect
 
 from sa_taskqueue.backends import backend_for
-from sa_taskqueue.core import control, validation
+from sa_taskqueue.core import control, control_rows, validation
 from sa_taskqueue.core.control_rows import ensure_row
 from sa_taskqueue.core.exceptions import DatabaseUnavailable
 from sa_taskqueue.core.model import FINISHED_STATUSES, TaskStatus, has_status
@@ -133,32 +133,13 @@ def take_lease(engine: Engine, task_table: Table, holder: str, now: datetime, *,
     table = control.control_table_of(task_table)
     if create:
         ensure_row(engine, table, control.RETENTION, task_table.name, now)
-    with engine.begin() as conn:
-        taken = conn.execute(
-            update(table)
-            .where(
-                table.c.kind == control.RETENTION,
-                table.c.name == task_table.name,
-                or_(table.c.held_by.is_(None), table.c.held_until <= now, table.c.held_by == holder),
-            )
-            .values(held_by=holder, held_until=now + LEASE, updated_at=now)
-        )
-        return taken.rowcount == 1
+    return control_rows.take_lease(engine, table, control.RETENTION, task_table.name, holder, now, LEASE)
 
 
 def release_lease(engine: Engine, task_table: Table, holder: str, now: datetime) -> None:
     """Give the lease up if ``holder`` still holds it, so that another worker may take it at once."""
     table = control.control_table_of(task_table)
-    with engine.begin() as conn:
-        conn.execute(
-            update(table)
-            .where(
-                table.c.kind == control.RETENTION,
-                table.c.name == task_table.name,
-                table.c.held_by == holder,
-            )
-            .values(held_by=None, held_until=None, updated_at=now)
-        )
+    control_rows.release_lease(engine, table, control.RETENTION, task_table.name, holder, now)
 
 
 def delete_expired(
