@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -27,6 +28,7 @@ from sqlalchemy.orm import Session
 
 import sa_taskqueue as tq
 from sa_taskqueue.backends import backend_for
+from sa_taskqueue.core.current_task import reset_current, set_current
 from sa_taskqueue.core.types import utcnow
 from sa_taskqueue.features.admin import Admin
 from sa_taskqueue.features.cancellation import (
@@ -36,6 +38,7 @@ from sa_taskqueue.features.cancellation import (
     write_cancelled,
 )
 from sa_taskqueue.strategies.skip_locked import SkipLockedStrategy
+from sa_taskqueue.worker.execution import ChildProcess, Outcome, TaskRaised
 from sa_taskqueue.worker.progress import ProgressWriter
 from tests.app import Execution
 from tests.backends import Backend
@@ -406,6 +409,86 @@ def test_a_running_task_reports_progress_readable_from_the_api_and_show(
     assert '"progress": 1.0' in shown.stdout and '"step": 40' in shown.stdout
     cancel_queue.cancel_task(task_id)
     wait_until(lambda: status(engine, task_id) is tq.TaskStatus.COMPLETED, ENDS_WITHIN, "the task to end")
+
+
+def test_a_task_process_reports_progress_its_worker_writes(
+    engine: sa.Engine, cancel_queue: tq.TaskQueue, start_worker: StartWorker
+) -> None:
+    worker = start_worker("--isolation", "process")
+    task_id = enqueue_one(cancel_queue, engine, "report", {"key": 9, "steps": 40})
+    wait_until(lambda: STARTED in notes(engine, 9), 60, "the reports to be made")
+    with engine.connect() as conn:
+        pid = conn.scalar(sa.select(Execution.pid).where(Execution.task_key == 9))
+    assert pid != worker.pid, "the task ran in a process of its own"
+
+    def last_written() -> bool:
+        progress = cancel_queue.progress(task_id)
+        return progress is not None and progress.progress == 1.0
+
+    wait_until(last_written, 10, "the last report written (within a second of it)")
+    assert status(engine, task_id) is tq.TaskStatus.RUNNING
+    progress = cancel_queue.progress(task_id)
+    assert progress is not None and progress.note == {"step": 40} and progress.at is not None
+    # Cancelled, the task process is interrupted as ever; its progress stays readable.
+    cancel_queue.cancel_task(task_id)
+    wait_until(lambda: status(engine, task_id) is tq.TaskStatus.CANCELLED, ENDS_WITHIN, "the task cancelled")
+    assert cancel_queue.progress(task_id) == progress
+
+
+def run_child(func: Callable[..., Any], received: list[tuple[float, Any]]) -> ChildProcess:
+    """``func`` in a task process, as a worker runs it: its reports go to ``received``."""
+    now = utcnow()
+    task = tq.ClaimedTask(1, "report", "default", 0, {}, 1, 1, now, now, now, "tester", now)
+    token = set_current(tq.TaskContext(task, None))
+    try:
+        return ChildProcess(func, {}, lambda: None, lambda progress, note: received.append((progress, note)))
+    finally:
+        reset_current(token)
+
+
+def reports_then_returns_a_lookalike() -> tuple[str, float, None]:
+    for step in range(1, 501):
+        tq.current_task().report(step / 500, note={"step": step})
+    return ("progress", 0.5, None)  # (a result shaped like a report: still the outcome)
+
+
+async def reports_then_returns_a_lookalike_async() -> tuple[str, float, None]:
+    return reports_then_returns_a_lookalike()
+
+
+@pytest.mark.parametrize("func", [reports_then_returns_a_lookalike, reports_then_returns_a_lookalike_async])
+def test_a_task_process_sends_its_reports_before_its_outcome_the_last_one_winning(
+    func: Callable[[], Any],
+) -> None:
+    received: list[tuple[float, Any]] = []
+    outcome = run_child(func, received).wait(30)
+    assert outcome.ok and outcome.result == ("progress", 0.5, None), outcome
+    assert received[-1] == (1.0, {"step": 500}), "the last report reached the worker before the outcome"
+    steps = [note["step"] for _progress, note in received]
+    assert steps == sorted(steps) and len(set(steps)) == len(steps), "in order, none twice (some coalesced)"
+
+
+def reports_until_cancelled() -> None:
+    step = 0
+    while True:
+        step += 1
+        tq.current_task().report(0.5, note={"step": step})
+        time.sleep(0.001)
+
+
+def test_a_task_process_cancelled_while_it_reports_tells_its_worker_so() -> None:
+    received: list[tuple[float, Any]] = []
+    child = run_child(reports_until_cancelled, received)
+    outcome: Outcome | None = None
+    deadline = time.monotonic() + 30
+    while outcome is None and not received and time.monotonic() < deadline:
+        stop = time.monotonic() + 0.05
+        outcome = child.wait(None, lambda: stop)  # noqa: B023 - read within this very call
+    assert outcome is None and received, "it reported while it ran"
+    child.request_cancel()
+    outcome = child.wait(30)
+    assert isinstance(outcome.error, TaskRaised), outcome
+    assert outcome.error.type_name == "CancellationRequested", outcome.error_text
 
 
 def test_current_task_outside_a_task_and_bad_reports_say_what_is_wrong() -> None:

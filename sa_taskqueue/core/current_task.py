@@ -3,7 +3,10 @@
 A worker sets the context before it calls the task's function (on the
 slot's thread, inside the coroutine of an ``async def`` task, and, copied by
 the fork, in a task process), so that code deep inside a task can ask
-whether it was cancelled without the worker passing anything down.
+whether it was cancelled, or report its progress, without the worker
+passing anything down.  In a task process the reports go to the worker
+through the process's pipe (`sa_taskqueue.worker.execution`), and are
+written there like any other.
 """
 
 from __future__ import annotations
@@ -80,15 +83,12 @@ class TaskContext:
             raise ValueError(f"progress must be from 0 to 1, got {progress!r}")
         check_result(note, "progress note")
         if self._progress is None:
-            raise RuntimeError(
-                f"task {self.task.id}: progress cannot be reported from here "
-                "(a task process does not report progress)"
-            )
+            raise RuntimeError(f"task {self.task.id}: progress cannot be reported here (no worker writes it)")
         self._progress(self.task, float(progress), note)
 
-    def detach_progress(self) -> None:
-        """No progress is written from here (a task process: the writer lives in the worker)."""
-        self._progress = None
+    def send_progress_to(self, progress: ProgressSink | None) -> None:
+        """Reports go to ``progress`` from now on (a task process: to the pipe back to its worker)."""
+        self._progress = progress
 
 
 _CURRENT: contextvars.ContextVar[TaskContext | None] = contextvars.ContextVar(

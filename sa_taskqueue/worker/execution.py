@@ -21,7 +21,7 @@ import signal
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -182,11 +182,24 @@ def _call(func: Callable[..., Any], params: dict[str, Any]) -> Any:
     return func(**params)
 
 
+#: The tag of a progress report on a task process's pipe; the outcome's are "ok" and "error".
+PROGRESS = "progress"
+
+
 class ChildProcess:
-    """One task run in a forked child, reporting back through a pipe."""
+    """One task run in a forked child, reporting back through a pipe.
+
+    The pipe carries the task's progress reports, ``(PROGRESS, progress,
+    note)``, each handed to ``progress`` as it arrives, and then one outcome,
+    tagged "ok" or "error", the last message the child sends.
+    """
 
     def __init__(
-        self, func: Callable[..., Any], params: dict[str, Any], after_fork: Callable[[], None]
+        self,
+        func: Callable[..., Any],
+        params: dict[str, Any],
+        after_fork: Callable[[], None],
+        progress: Callable[[float, Any], None] | None = None,
     ) -> None:
         context = multiprocessing.get_context("fork")
         # One fork at a time: a child forked by another slot between this
@@ -200,6 +213,7 @@ class ChildProcess:
             self._process.start()
             send.close()
         self._started = time.monotonic()
+        self._progress = progress
         self.killed = False
 
     @property
@@ -248,8 +262,12 @@ class ChildProcess:
                     message = self._receive.recv()
                 except EOFError:
                     message = None
-                break
-            if not self._process.is_alive() and not self._receive.poll():
+                if message is None or message[0] != PROGRESS:
+                    break
+                if self._progress is not None:
+                    self._progress(message[1], message[2])
+                message = None  # (a report, not the outcome: wait on, the timeout still counting)
+            elif not self._process.is_alive() and not self._receive.poll():
                 break  # gone without a word (belt and braces: the pipe should have said so)
             if deadline is not None and time.monotonic() >= deadline:
                 self.kill()
@@ -283,16 +301,88 @@ def _child_main(
     signal.signal(signal.SIGUSR1, _cancelled_in_child)
     _die_with_parent(parent)
     after_fork()
+    reports = _ProgressPipe(send)
+    context = _current_or_none()
+    if context is not None:
+        context.send_progress_to(reports.report)
     try:
         result = _call(func, params)
     except BaseException as error:  # noqa: BLE001 - reported to the parent, whatever it is
-        send.send(("error", type(error).__qualname__, str(error), "".join(traceback.format_exception(error))))
+        outcome: tuple[Any, ...] = (
+            "error",
+            type(error).__qualname__,
+            str(error),
+            "".join(traceback.format_exception(error)),
+        )
     else:
+        outcome = ("ok", result)
+    # A cancel now comes too late to stop anything, and its exception must
+    # not cut the outcome's message in half.
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    with reports.closed():
         try:
-            send.send(("ok", result))
+            send.send(outcome)
         except Exception as error:  # noqa: BLE001 - an unpicklable result
             send.send(("error", type(error).__qualname__, f"result cannot be sent back: {error}", ""))
     send.close()
+
+
+class _ProgressPipe:
+    """A task process's progress reports, sent to its worker by a thread of their own, the last one winning.
+
+    `report` only leaves the report and returns: the task is not held up by
+    a full pipe, and SIGUSR1 (a cancel), which interrupts only the main
+    thread, can never cut a message in half.  Reports left while one is
+    being sent are coalesced (the worker writes only the last one anyway);
+    the last report left is sent before the outcome.
+    """
+
+    def __init__(self, send: Connection) -> None:
+        self._send = send
+        self._lock = threading.Condition()
+        self._sending = threading.Lock()  # one message on the pipe at a time, the outcome's included
+        self._pending: tuple[float, Any] | None = None
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    def report(self, task: object, progress: float, note: Any) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._pending = (progress, note)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="sa_taskqueue-progress", daemon=True)
+                self._thread.start()
+            self._lock.notify()
+
+    @contextlib.contextmanager
+    def closed(self) -> Iterator[None]:
+        """No report is left from now on; the last one not yet sent is, then the outcome, inside."""
+        with self._lock:
+            self._closed = True
+            last, self._pending = self._pending, None
+            self._lock.notify()
+        with self._sending:
+            if last is not None:
+                with contextlib.suppress(OSError, ValueError):
+                    self._send.send((PROGRESS, *last))
+            yield
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while self._pending is None and not self._closed:
+                    self._lock.wait()
+                pending, self._pending = self._pending, None
+                if self._closed or pending is None:
+                    return
+                self._sending.acquire()
+            try:
+                self._send.send((PROGRESS, *pending))
+            except (OSError, ValueError):
+                return  # the worker has gone (the pipe is broken): no one to tell
+            finally:
+                self._sending.release()
 
 
 _FORK_LOCK = threading.Lock()

@@ -242,7 +242,8 @@ class SlotRunner:
                     return None
                 if slot.cancel_requested:
                     return Outcome(error=CancellationRequested(task.id))
-                slot.child = ChildProcess(registered.func, params, partial(self._after_fork, slot))
+                report = None if self.progress_sink is None else partial(self.progress_sink, task)
+                slot.child = ChildProcess(registered.func, params, partial(self._after_fork, slot), report)
             outcome = self._wait_for_process(slot, slot.child, registered.options.timeout)
             watchdog = self.keeper.watchdog
             if watchdog is not None and slot.child.pid is not None:
@@ -476,8 +477,6 @@ class SlotRunner:
         # nor close them (closing sends the server a goodbye that would end
         # the parent's sessions).  The task opens fresh ones if it needs any.
         self.queue.engine.dispose(close=False)
-        if slot is not None and slot.context is not None:
-            slot.context.detach_progress()  # (the writer's thread is the worker's, not the child's)
         watchdog = self.keeper.watchdog
         if watchdog is not None:
             register_child(watchdog.fileno)
