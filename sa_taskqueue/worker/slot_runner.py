@@ -69,9 +69,10 @@ def in_context(func: Callable[..., Any], context: TaskContext | None) -> Callabl
     the slot thread's: the context is set again inside the coroutine.
     """
 
-    async def with_context(**params: Any) -> Any:
+    async def with_context(*args: Any, **params: Any) -> Any:
+        # ``args``: a transactional task's session comes first.
         set_current(context)
-        return await func(**params)
+        return await func(*args, **params)
 
     return with_context
 
