@@ -143,6 +143,47 @@ def test_a_heartbeat_moves_the_row_on_and_writes_it_again_when_it_is_gone(engine
     assert worker_rows(engine) == []
 
 
+@pytest.mark.parametrize("write", ["register", "heartbeat"])
+def test_a_twin_that_writes_the_row_first_never_fails_the_worker(engine: sa.Engine, write: str) -> None:
+    """Two `Worker` objects of one process share its id: the second INSERT finds the key taken, and is fine.
+
+    The twin's INSERT is held uncommitted on another connection while this
+    worker writes, so this worker's INSERT waits on the twin's key and finds
+    it taken once the twin commits: so on PostgreSQL.  SQLite's one writer,
+    and InnoDB's lock on the key the DELETE looks for, make this worker wait
+    before its DELETE instead, which then replaces the twin's row.
+    """
+    now = utcnow()
+    record = WorkerRecord.of("host:1:twin", ["a"], ["app.x"], 1)
+    table = worker_table_of(TABLE)
+    errors: list[BaseException] = []
+
+    def write_ours() -> None:
+        try:
+            if write == "register":
+                register_worker(engine, TABLE, record, now, now + timedelta(seconds=3))
+            else:
+                live_workers.heartbeat_worker(engine, TABLE, record, now, now + timedelta(seconds=3))
+        except BaseException as error:  # noqa: BLE001 - the test reports it below
+            errors.append(error)
+
+    with engine.connect() as twin:
+        twin.execute(
+            sa.insert(table).values(
+                id=record.id, host="host", pid=1, queues=["a"], task_names=["app.x"], concurrency=1,
+                version="0", started_at=now, heartbeat_at=now, expires_at=now + timedelta(seconds=3),
+            )
+        )  # fmt: skip
+        ours = threading.Thread(target=write_ours)
+        ours.start()
+        ours.join(timeout=1)  # ours waits on the twin's uncommitted key (or lock) meanwhile
+        twin.commit()
+    ours.join(timeout=30)
+    assert not ours.is_alive()
+    assert errors == []
+    assert [row.id for row in worker_rows(engine)] == [record.id]
+
+
 def test_pruning_deletes_only_rows_expired_long_ago(engine: sa.Engine) -> None:
     now = utcnow()
     register(engine, "old", None, [], ttl=timedelta(0), at=now - PRUNE_AFTER - timedelta(seconds=1))

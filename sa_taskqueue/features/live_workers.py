@@ -36,13 +36,13 @@ import os
 import socket
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from importlib import metadata as package_metadata
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Table, delete, func, insert, select, update
+from sqlalchemy import Connection, Engine, Table, delete, exc, func, insert, select, update
 
 from sa_taskqueue.core.exceptions import DatabaseUnavailable, SchemaMissing, translate_database_errors
 from sa_taskqueue.core.model import TaskStatus, has_status
@@ -163,7 +163,7 @@ def heartbeat_worker(
     describes it.
     """
     table = worker_table_of(task_table)
-    with _errors(engine, table), engine.begin() as conn:
+    with _errors(engine, table), _written_by_a_twin(), engine.begin() as conn:
         # (MySQL and MariaDB count the rows matched, not changed: SQLAlchemy asks for FOUND_ROWS.)
         moved = conn.execute(
             update(table).where(table.c.id == record.id).values(heartbeat_at=now, expires_at=expires_at)
@@ -172,6 +172,7 @@ def heartbeat_worker(
             return False
         _write_row(conn, table, record, now, expires_at)
         return True
+    return False
 
 
 def register_worker(
@@ -179,9 +180,23 @@ def register_worker(
 ) -> None:
     """Write the worker's row as it starts (``started_at`` = ``now``), replacing one under its id."""
     table = worker_table_of(task_table)
-    with _errors(engine, table), engine.begin() as conn:
+    with _errors(engine, table), _written_by_a_twin(), engine.begin() as conn:
         conn.execute(delete(table).where(table.c.id == record.id))
         _write_row(conn, table, record, now, expires_at)
+
+
+@contextmanager
+def _written_by_a_twin() -> Iterator[None]:
+    """Nothing to do when the worker's INSERT finds its id taken, as it does beside a twin.
+
+    Two `Worker` objects of one process share the process's default id, so
+    both may write the row at once: the one whose INSERT comes second finds
+    the key taken by the other's.  The row the id needs is there (the last
+    to write it describes it); the transaction has rolled back, and its next
+    heartbeat moves the row on.
+    """
+    with suppress(exc.IntegrityError):
+        yield
 
 
 def _write_row(
