@@ -377,8 +377,6 @@ def test_a_missing_task_is_a_plain_not_found(
 def test_workers_page_lists_a_live_worker(
     engine: sa.Engine, dashboard_queue: tq.TaskQueue, dashboards: Dashboards, page: Page
 ) -> None:
-    if not hasattr(tq.TaskQueue, "workers"):
-        pytest.skip("this build's workers keep no live-worker rows yet (TaskQueue.workers)")
     seed(engine, dashboard_queue)
     worker = Worker(dashboard_queue, queues=["emails"], poll_interval=0.1)
     thread = threading.Thread(target=worker.run, name="dashboard-test-worker", daemon=True)
