@@ -13,8 +13,9 @@ from contextlib import contextmanager
 from functools import partial
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, Delete, Engine, Table, func
+from sqlalchemy import ColumnElement, Connection, Delete, Engine, Table, event, func
 from sqlalchemy.dialects import mysql
+from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeEngine
 
 from sa_taskqueue.backends.base import Backend, TableHealthProbe
@@ -69,6 +70,31 @@ class MySQLBackend(Backend):
     unnamed_driver = ("MySQLdb", "mysql+pymysql://")
     # Both asyncio drivers' connections wait on futures of the loop that opened them.
     loop_bound_drivers = frozenset({"aiomysql", "asyncmy"})
+
+    def __init__(self, dialect: Dialect) -> None:
+        super().__init__(dialect)
+        #: Whether the server is a Galera node: None until a connection has asked it.
+        self._galera: bool | None = None
+
+    @property
+    def galera(self) -> bool:
+        # Known once a connection has asked (`configure_engine`'s first
+        # connect, or `prepare_database`): False until then.
+        return bool(self._galera)
+
+    def configure_engine(self, engine: Engine) -> None:
+        if not event.contains(engine, "first_connect", self._ask_wsrep):
+            event.listen(engine, "first_connect", self._ask_wsrep)
+
+    def prepare_database(self, engine: Engine) -> None:
+        # An engine that connected before the queue configured it missed the
+        # first connect: ask on a connection of its own.
+        if self._galera is None:
+            with engine.connect() as conn:
+                self._galera = _wsrep_on(conn.connection.dbapi_connection)
+
+    def _ask_wsrep(self, dbapi_connection: Any, connection_record: Any) -> None:
+        self._galera = _wsrep_on(dbapi_connection)
 
     @property
     def is_mariadb(self) -> bool:
@@ -144,6 +170,23 @@ class MySQLBackend(Backend):
             return None
         return CLIENT_ERRORS[0] <= code <= CLIENT_ERRORS[1] or code in OUTAGE_ERRORS
 
+    def certification_conflict(self, error: BaseException) -> bool:
+        # Galera certifies a transaction's writes against the other nodes'
+        # at COMMIT, and fails the later of two that touched one row with
+        # ER_LOCK_DEADLOCK; a local transaction an applied write set aborts
+        # (a brute-force abort) gets the same error at its next statement.
+        return self.galera and self.lost_lock_race(error)
+
+    def advisory_locks_not_exclusive(self) -> str | None:
+        if not self.galera:
+            return None
+        return (
+            "this MariaDB server is a Galera node (wsrep_on), and GET_LOCK is held by one node only: "
+            "a worker connected to another node takes the same lock, so two workers could claim one "
+            "task. Use skip_locked (the default) or conditional_update, which the cluster certifies "
+            "at commit"
+        )
+
     def lost_lock_race(self, error: BaseException) -> bool:
         # ER_LOCK_DEADLOCK: InnoDB picked this transaction as a deadlock's
         # victim and rolled it back (it locks unique index entries in gaps,
@@ -170,6 +213,18 @@ class MySQLBackend(Backend):
 ER_LOCK_DEADLOCK = 1213
 #: "Lock wait timeout exceeded; try restarting transaction".
 ER_LOCK_WAIT_TIMEOUT = 1205
+
+
+def _wsrep_on(dbapi_connection: Any) -> bool:
+    """Whether the server is a Galera node: ``wsrep_on`` is ON (MariaDB has the variable, OFF, without
+    Galera; MySQL has none, and SHOW VARIABLES then returns no row rather than an error)."""
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute("SHOW GLOBAL VARIABLES LIKE 'wsrep_on'")
+        row = cursor.fetchone()
+    finally:
+        cursor.close()
+    return row is not None and str(row[1]).upper() == "ON"
 
 
 def _lock_name(namespace: int, key: int) -> str:
