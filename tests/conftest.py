@@ -56,7 +56,7 @@ def database_backend(name: str) -> DatabaseBackend:
 
 
 def family(name: str) -> str:
-    """The database a suite backend is: ``postgres18`` is PostgreSQL, like ``postgres``; ``galera``, MariaDB."""
+    """The database a suite backend is: ``postgres18`` is PostgreSQL like ``postgres``; ``galera`` MariaDB."""
     if name == "galera":
         return "mariadb"
     return "postgres" if name.startswith("postgres") else name
@@ -134,7 +134,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def _why_not_here(item: pytest.Item, name: str, database: DatabaseBackend) -> str | None:
     about = item.get_closest_marker("backends")
-    if about is not None and family(name) not in about.args:
+    if about is not None and family(name) not in about.args and name not in about.args:
         return f"about {', '.join(about.args)} only"
     needs = item.get_closest_marker("requires")
     wanted = needs.args if needs is not None else ()

@@ -360,6 +360,20 @@ class Backend:
         """
         return None
 
+    def cluster_node(self, conn: Connection) -> tuple[str, str] | None:
+        """Which cluster and which node of it ``conn`` reaches, where the server is a node of one (`galera`).
+
+        None elsewhere.  Two connections with one cluster and two nodes
+        reach two nodes of the same cluster.
+        """
+        return None
+
+    def read_cluster_writes(self, conn: Connection) -> None:
+        """Make ``conn``'s reads wait until its node has applied what the whole cluster committed before.
+
+        Nothing to do on a single server, which has applied it already.
+        """
+
     def bounded_lock_wait(self, conn: Connection, seconds: float) -> AbstractContextManager[None]:
         """Within: a statement on ``conn`` waiting for another's lock gives up after about ``seconds``.
 

@@ -145,6 +145,23 @@ class MySQLBackend(Backend):
     def session_id(self) -> ColumnElement[Any]:
         return func.connection_id()
 
+    def cluster_node(self, conn: Connection) -> tuple[str, str] | None:
+        if not self.galera:
+            return None
+        # The cluster's state UUID is shared by every node; the group
+        # communication UUID is this node's own (new at each start).
+        rows = conn.exec_driver_sql(
+            "SHOW GLOBAL STATUS WHERE Variable_name IN ('wsrep_cluster_state_uuid', 'wsrep_gcomm_uuid')"
+        ).all()
+        found = {str(name).lower(): str(value) for name, value in rows}
+        return found.get("wsrep_cluster_state_uuid", ""), found.get("wsrep_gcomm_uuid", "")
+
+    def read_cluster_writes(self, conn: Connection) -> None:
+        if self.galera:
+            # A node applies other nodes' certified writes a moment later;
+            # wsrep_sync_wait = 1 makes this session's reads wait for them.
+            conn.exec_driver_sql("SET SESSION wsrep_sync_wait = 1")
+
     @contextmanager
     def bounded_lock_wait(self, conn: Connection, seconds: float) -> Iterator[None]:
         # InnoDB counts its lock wait in whole seconds, and only per session:
@@ -168,6 +185,12 @@ class MySQLBackend(Backend):
         code = args[0] if args else None
         if not isinstance(code, int) or isinstance(code, bool) or code == 0:
             return None
+        if code == ER_UNKNOWN_COM_ERROR:
+            # A Galera node not (yet, or no longer) in the cluster's primary
+            # component refuses every statement with 1047, "WSREP has not yet
+            # prepared node for application use": it is joining after a
+            # restart, or cut off from the others; it serves again once synced.
+            return self.galera or "wsrep" in str(error).lower()
         return CLIENT_ERRORS[0] <= code <= CLIENT_ERRORS[1] or code in OUTAGE_ERRORS
 
     def certification_conflict(self, error: BaseException) -> bool:
@@ -213,6 +236,8 @@ class MySQLBackend(Backend):
 ER_LOCK_DEADLOCK = 1213
 #: "Lock wait timeout exceeded; try restarting transaction".
 ER_LOCK_WAIT_TIMEOUT = 1205
+#: ER_UNKNOWN_COM_ERROR, which a Galera node outside the primary component answers every statement with.
+ER_UNKNOWN_COM_ERROR = 1047
 
 
 def _wsrep_on(dbapi_connection: Any) -> bool:
