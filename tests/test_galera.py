@@ -81,6 +81,27 @@ def test_an_engine_that_connected_before_its_queue_learns_it_from_the_server_glo
         engine.dispose()
 
 
+def test_a_deadlock_error_is_a_certification_conflict_only_on_a_galera_node(engine: sa.Engine) -> None:
+    import pymysql
+
+    deadlock = pymysql.err.OperationalError(
+        1213, "Deadlock found when trying to get lock; try restarting transaction"
+    )
+    lock_wait = pymysql.err.OperationalError(1205, "Lock wait timeout exceeded; try restarting transaction")
+    lost = pymysql.err.OperationalError(2013, "Lost connection to MySQL server during query")
+    not_ready = pymysql.err.OperationalError(1047, "WSREP has not yet prepared node for application use")
+    with engine.connect():
+        pass
+    node = backend_for(engine.dialect)
+    assert node.certification_conflict(deadlock)
+    assert not node.certification_conflict(lock_wait) and not node.certification_conflict(lost)
+    assert node.outage(not_ready), "a node outside the primary component serves again once synced"
+    # The same MariaDB dialect, never connected to a Galera node: an InnoDB deadlock, not a conflict.
+    plain = backend_for(sa.create_engine("mariadb+pymysql://").dialect)
+    assert plain.lost_lock_race(deadlock) and not plain.certification_conflict(deadlock)
+    assert plain.advisory_locks_not_exclusive() is None
+
+
 def test_advisory_lock_is_refused_on_a_galera_node_saying_why(engine: sa.Engine) -> None:
     queue = tq.TaskQueue(engine, strategy="advisory_lock")
     with pytest.raises(tq.StrategyError, match="GET_LOCK is held by one node only"):
