@@ -90,8 +90,11 @@ def test_a_deadlock_error_is_a_certification_conflict_only_on_a_galera_node(engi
     lock_wait = pymysql.err.OperationalError(1205, "Lock wait timeout exceeded; try restarting transaction")
     lost = pymysql.err.OperationalError(2013, "Lost connection to MySQL server during query")
     not_ready = pymysql.err.OperationalError(1047, "WSREP has not yet prepared node for application use")
-    with engine.connect():
-        pass
+    queue = tq.TaskQueue(engine)
+    assert (
+        queue.strategy.name == "skip_locked"
+    )  # (resolving it has asked the server, as a worker's start does)
+    queue.close()
     node = backend_for(engine.dialect)
     assert node.certification_conflict(deadlock)
     assert not node.certification_conflict(lock_wait) and not node.certification_conflict(lost)
