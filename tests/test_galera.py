@@ -135,6 +135,30 @@ def test_the_self_test_proves_exclusivity_across_two_nodes_when_given_a_second_o
         queue.close()
 
 
+def test_doctor_proves_exclusivity_across_the_node_given_with_second_node(
+    backend: Backend, engine: sa.Engine
+) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sa_taskqueue",
+            "doctor",
+            "--url",
+            backend.nodes[0],
+            "--second-node",
+            backend.nodes[1],
+        ],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "passed  cluster: two connections on two nodes took one row" in done.stdout, done.stdout
+
+
 # Certification conflicts --------------------------------------------------------------------------
 
 
