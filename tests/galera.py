@@ -175,12 +175,26 @@ def galera_cluster(nodes: int = 3) -> Iterator[GaleraCluster]:
         cluster.stop()
 
 
+#: Whole starts tried when a port chosen free was taken before a node bound it (another cluster's).
+START_ATTEMPTS = 3
+
+
 def start_cluster(nodes: int = 3, *, watch: bool = True) -> GaleraCluster:
     """Start a cluster (the caller stops it); ``watch`` adds the watchdog that stops it if we die."""
     if nodes < 1:
         raise ValueError(f"a cluster needs at least one node, not {nodes}")
     _check_installed()
     account = _account()
+    for attempt in range(1, START_ATTEMPTS + 1):
+        try:
+            return _start_cluster(nodes, account, watch=watch)
+        except GaleraUnavailable as error:
+            if attempt == START_ATTEMPTS or "already in use" not in str(error):
+                raise
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _start_cluster(nodes: int, account: tuple[int, int] | None, *, watch: bool) -> GaleraCluster:
     workdir = Path(tempfile.mkdtemp(prefix="sa_taskqueue_galera_"))
     workdir.chmod(0o755)
     cluster = GaleraCluster(workdir, [], account)
