@@ -247,6 +247,8 @@ def _wsrep_on(dbapi_connection: Any) -> bool:
     try:
         cursor.execute("SHOW GLOBAL VARIABLES LIKE 'wsrep_on'")
         row = cursor.fetchone()
+    except Exception:  # noqa: BLE001 - a server (or proxy) that will not say is no cluster we can tell of
+        return False
     finally:
         cursor.close()
     return row is not None and str(row[1]).upper() == "ON"
