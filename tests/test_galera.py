@@ -356,6 +356,7 @@ def test_a_node_killed_in_the_middle_of_a_drain_loses_no_task_and_commits_each_e
         )
     logs = {n: (tmp_path / f"worker-{n}.log").read_text(errors="replace") for n in range(len(workers))}
     victim_log = logs[VICTIM]
+    conflicted = conflicts(backend, [0, 1]) - before
     seen = sorted({line.split(" ", 3)[-1][:160] for line in victim_log.splitlines() if " ERROR " in line})
     total = FAULT_TASKS + FAULT_LATER
     figures = (
@@ -363,7 +364,7 @@ def test_a_node_killed_in_the_middle_of_a_drain_loses_no_task_and_commits_each_e
         f"{len(workers)} workers of {FAULT_SLOTS} slots, one per node; node {VICTIM} SIGKILLed after "
         f"{at_kill} had completed, down {back_at - killed_at:.1f} s (kill to Synced again by IST); "
         f"drain {elapsed:.1f} s; attempts {attempts}; certification conflicts on the surviving nodes "
-        f"{conflicts(backend, [0, 1]) - before}; the killed node's worker completed {by_victim_at_return} "
+        f"{conflicted}; the killed node's worker completed {by_victim_at_return} "
         f"tasks before the kill, its first again {resumed_after:.1f} s after its node was back, then, "
         f"alone, the other {by_victim - by_victim_at_return - 1} it found; "
         f"it logged {len(seen)} kind(s) of error: {seen}; "
@@ -378,6 +379,13 @@ def test_a_node_killed_in_the_middle_of_a_drain_loses_no_task_and_commits_each_e
     )
     assert set(found) == set(range(total)), f"a task's writes were lost: {figures}"
     assert max(found.values()) == 1, f"a task's writes committed twice: {figures}"
+    # The surviving nodes' workers lost certification conflicts, and took none of them for trouble.
+    assert conflicted > 0, figures
+    for n, text in logs.items():
+        if n != VICTIM:
+            warned = [line for line in text.splitlines() if " ERROR " in line or " WARNING " in line]
+            trouble = [line for line in warned if "Deadlock" in line or "unavailable" in line]
+            assert not trouble, f"worker {n}: {trouble}"
     # (SQLAlchemy's pool logs, with its traceback, the reset of a connection the dead server dropped.)
     records = re.split(r"\n(?=\d{4}-\d\d-\d\d )", "\n".join(logs.values()))
     tracebacks = [record for record in records if "Traceback" in record and "during reset" not in record]
