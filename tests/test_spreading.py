@@ -1,0 +1,200 @@
+"""Claims spread over a cluster's nodes: which rows each node's claim locks, on a real server.
+
+A node's share is found from the server it is on; here, on one MariaDB or
+MySQL server, the share is given, and the statements the spreading claim
+sends run for real: own share first in claim order, the others' from the
+back when it runs dry, the others' that fell behind on a sweep, rows locked
+by another transaction skipped.  On a server that is no cluster node the
+claim sends exactly what it sent before.  The live cluster's tests are in
+``tests/test_spreading_cluster.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+import sqlalchemy as sa
+
+import sa_taskqueue as tq
+from sa_taskqueue.backends import backend_for
+from sa_taskqueue.strategies import SkipLockedStrategy, SpreadingOptions
+from sa_taskqueue.strategies.claiming import ClaimRequest
+from sa_taskqueue.strategies.spreading import NodePartition
+from tests.app import make_queue
+from tests.helpers import MovableClock, statements_sent
+from tests.helpers import enqueue_records as enqueue
+
+pytestmark = pytest.mark.backends("mariadb", "mysql")
+
+TABLE = tq.Task.__table__
+
+
+@pytest.fixture
+def strategy() -> Iterator[SkipLockedStrategy]:
+    strategy = SkipLockedStrategy(spreading=SpreadingOptions(enabled=True, grace=timedelta(seconds=5)))
+    yield strategy
+    strategy.close()
+
+
+def share(task_id: int, partition: NodePartition) -> int:
+    return (task_id // partition.step) % partition.nodes
+
+
+def claim_as_node(
+    strategy: SkipLockedStrategy,
+    engine: sa.Engine,
+    partition: NodePartition,
+    limit: int,
+    clock: MovableClock,
+) -> list[int]:
+    """The ids a claim of node ``partition`` locks (in the order it locks them), then rolled back."""
+    now = clock.now()
+    request = ClaimRequest(
+        limit=limit, queues=None, worker_id="w", now=now, lease_until=now + timedelta(minutes=1)
+    )
+    with engine.connect() as conn, conn.begin() as transaction:
+        backend_for(conn.dialect).begin_locking_reads(conn)
+        rows = strategy.spreading.locked_rows(
+            lambda name, build: strategy.executor.prepared(name, conn.dialect, TABLE, build),
+            conn,
+            TABLE,
+            request,
+            partition,
+        )
+        transaction.rollback()
+    return [row["id"] for row in rows]
+
+
+def test_a_node_takes_its_own_share_first_in_claim_order(
+    engine: sa.Engine, strategy: SkipLockedStrategy, clock: MovableClock
+) -> None:
+    queue = make_queue(engine, None, timedelta(minutes=5), clock.now)
+    ids = enqueue(queue, engine, 12)
+    partition = NodePartition(index=share(ids[0], NodePartition(0, 3)), nodes=3)
+    own = [task_id for task_id in ids if share(task_id, partition) == partition.index]
+    assert len(own) == 4
+    assert claim_as_node(strategy, engine, partition, 3, clock) == own[:3]
+
+
+def test_ids_handed_out_in_steps_spread_over_the_nodes_by_their_step(
+    engine: sa.Engine, strategy: SkipLockedStrategy, clock: MovableClock
+) -> None:
+    # Ids one node hands out in steps of the cluster's size would all be
+    # alike modulo the size; over the step, consecutive ones fall in turn.
+    queue = make_queue(engine, None, timedelta(minutes=5), clock.now)
+    ids = enqueue(queue, engine, 9)
+    shares = {share(task_id, NodePartition(0, 3, step=1)) for task_id in ids}
+    assert shares == {0, 1, 2}
+    stepped = NodePartition(index=share(ids[0], NodePartition(0, 3, step=3)), nodes=3, step=3)
+    own = [task_id for task_id in ids if share(task_id, stepped) == stepped.index]
+    assert 0 < len(own) <= 3 and own == sorted(own)
+    assert claim_as_node(strategy, engine, stepped, len(own), clock) == own
+
+
+def test_a_node_whose_share_ran_dry_takes_the_others_from_the_back(
+    engine: sa.Engine, strategy: SkipLockedStrategy, clock: MovableClock
+) -> None:
+    queue = make_queue(engine, None, timedelta(minutes=5), clock.now)
+    ids = enqueue(queue, engine, 9)
+    partition = NodePartition(index=share(ids[0], NodePartition(0, 3)), nodes=3)
+    own = [task_id for task_id in ids if share(task_id, partition) == partition.index]
+    others = [task_id for task_id in ids if task_id not in own]
+    assert claim_as_node(strategy, engine, partition, len(own) + 2, clock) == own + others[::-1][:2]
+
+
+def test_rows_another_transaction_holds_are_skipped_in_every_share(
+    engine: sa.Engine, strategy: SkipLockedStrategy, clock: MovableClock
+) -> None:
+    queue = make_queue(engine, None, timedelta(minutes=5), clock.now)
+    ids = enqueue(queue, engine, 9)
+    partition = NodePartition(index=share(ids[0], NodePartition(0, 3)), nodes=3)
+    own = [task_id for task_id in ids if share(task_id, partition) == partition.index]
+    others = [task_id for task_id in ids if task_id not in own]
+    held = [own[0], others[-1]]
+    with engine.connect() as holder, holder.begin():
+        backend_for(holder.dialect).begin_locking_reads(holder)
+        holder.execute(sa.select(TABLE.c.id).where(TABLE.c.id.in_(held)).with_for_update())
+        taken = claim_as_node(strategy, engine, partition, len(ids), clock)
+    assert taken == own[1:] + others[::-1][1:]
+    assert not set(taken) & set(held)
+
+
+def test_a_sweep_takes_the_others_tasks_that_fell_behind_before_its_own(
+    engine: sa.Engine, strategy: SkipLockedStrategy, clock: MovableClock
+) -> None:
+    queue = make_queue(engine, None, timedelta(minutes=5), clock.now)
+    start = clock.now()
+    old = enqueue(queue, engine, 6, run_at=start - timedelta(minutes=1))
+    recent = enqueue(queue, engine, 6, run_at=start)
+    partition = NodePartition(index=share(recent[0], NodePartition(0, 3)), nodes=3)
+    old_own = [task_id for task_id in old if share(task_id, partition) == partition.index]
+    with engine.begin() as conn:
+        # This node's share has only recent tasks; the others' have old ones too.
+        conn.execute(TABLE.delete().where(TABLE.c.id.in_(old_own)))
+    old_others = [task_id for task_id in old if task_id not in old_own]
+    recent_own = [task_id for task_id in recent if share(task_id, partition) == partition.index]
+    # Its first claim knows no oldest task of its own yet: its own share first.
+    assert claim_as_node(strategy, engine, partition, 1, clock) == recent_own[:1]
+    # Its oldest is a minute newer than the others' old ones, more than the
+    # grace: those fell behind, and a sweep takes them before its own.
+    assert claim_as_node(strategy, engine, partition, 2, clock) == old_others[:2]
+    newest_other = max(task_id for task_id in recent if task_id not in recent_own)
+    # At most once a second: now its own (both), then one of the others' from the back.
+    assert claim_as_node(strategy, engine, partition, 3, clock) == [*recent_own, newest_other]
+    clock.advance(timedelta(seconds=1))
+    assert claim_as_node(strategy, engine, partition, 3, clock) == old_others[:3]
+
+
+def test_a_sweep_leaves_the_others_tasks_within_the_grace(
+    engine: sa.Engine, strategy: SkipLockedStrategy, clock: MovableClock
+) -> None:
+    queue = make_queue(engine, None, timedelta(minutes=5), clock.now)
+    start = clock.now()
+    enqueue(queue, engine, 6, run_at=start - timedelta(seconds=4))
+    recent = enqueue(queue, engine, 6, run_at=start)
+    partition = NodePartition(index=share(recent[0], NodePartition(0, 3)), nodes=3)
+    with engine.begin() as conn:
+        conn.execute(TABLE.delete().where(TABLE.c.id < recent[0], _share_is(partition)))
+    recent_own = [task_id for task_id in recent if share(task_id, partition) == partition.index]
+    assert claim_as_node(strategy, engine, partition, 1, clock) == recent_own[:1]
+    assert claim_as_node(strategy, engine, partition, 2, clock) == recent_own[:2]
+
+
+def _share_is(partition: NodePartition) -> sa.ColumnElement[bool]:
+    return sa.func.mod(TABLE.c.id // partition.step, partition.nodes) == partition.index
+
+
+def test_on_a_server_that_is_no_cluster_node_the_claim_is_the_plain_one(
+    engine: sa.Engine, clock: MovableClock
+) -> None:
+    """Spreading, even asked for, sends nothing of its own where the server names no node."""
+    with engine.connect() as conn:
+        assert backend_for(engine.dialect).node_partition(conn) is None
+
+    def sent_by_claims(strategy: SkipLockedStrategy) -> list[str]:
+        queue = tq.TaskQueue(engine, strategy=strategy, lease=timedelta(minutes=5), clock=clock.now)
+        with engine.begin() as conn:
+            conn.execute(TABLE.delete())
+        enqueue(make_queue(engine, None, timedelta(minutes=5), clock.now), engine, 2)
+        with statements_sent(queue, lambda sql: True) as sent:
+            assert len(queue.claim(worker_id="w")) == 1
+            assert len(queue.claim(worker_id="w")) == 1
+            assert queue.claim(worker_id="w") == []
+        queue.close()
+        return sent
+
+    plain = sent_by_claims(SkipLockedStrategy(spreading=SpreadingOptions(enabled=False)))
+    assert plain and not any("mod(" in sql.lower() for sql in plain)
+    assert sent_by_claims(SkipLockedStrategy()) == plain
+    asked = sent_by_claims(SkipLockedStrategy(spreading=SpreadingOptions(enabled=True)))
+    assert [sql for sql in asked if "GLOBAL_STATUS" not in sql] == plain
+    assert len(asked) == len(plain) + 1, "it asked the server once which node it is"
+
+
+def test_spreading_options_are_checked() -> None:
+    with pytest.raises(ValueError, match="grace must be a timedelta, zero or more"):
+        SpreadingOptions(grace=timedelta(seconds=-1))
+    with pytest.raises(TypeError, match="enabled must be None, True or False"):
+        SpreadingOptions(enabled="yes")  # type: ignore[arg-type]
