@@ -104,6 +104,35 @@ def test_a_node_whose_share_ran_dry_takes_the_others_from_the_back(
     assert claim_as_node(strategy, engine, partition, len(own) + 2, clock) == own + others[::-1][:2]
 
 
+def test_a_node_whose_share_ran_dry_while_others_had_work_looks_at_its_own_again_a_second_later(
+    engine: sa.Engine, strategy: SkipLockedStrategy, clock: MovableClock
+) -> None:
+    queue = make_queue(engine, None, timedelta(minutes=5), clock.now)
+    ids = enqueue(queue, engine, 6)
+    partition = NodePartition(index=share(ids[0], NodePartition(0, 3)), nodes=3)
+    with engine.begin() as conn:
+        conn.execute(TABLE.delete().where(_share_is(partition)))
+    others = [task_id for task_id in ids if share(task_id, partition) != partition.index]
+    assert claim_as_node(strategy, engine, partition, 1, clock) == others[-1:]
+    later = enqueue(queue, engine, 3)
+    [new_own] = [task_id for task_id in later if share(task_id, partition) == partition.index]
+    newest_other = max(task_id for task_id in later if task_id != new_own)
+    # Its own share was dry and the others' were not: for a second it only steals.
+    assert claim_as_node(strategy, engine, partition, 1, clock) == [newest_other]
+    clock.advance(timedelta(seconds=1))
+    assert claim_as_node(strategy, engine, partition, 1, clock) == [new_own]
+
+
+def test_a_node_that_found_nothing_anywhere_looks_at_its_own_share_at_the_next_claim(
+    engine: sa.Engine, strategy: SkipLockedStrategy, clock: MovableClock
+) -> None:
+    queue = make_queue(engine, None, timedelta(minutes=5), clock.now)
+    assert claim_as_node(strategy, engine, NodePartition(0, 3), 1, clock) == []
+    ids = enqueue(queue, engine, 3)
+    partition = NodePartition(index=share(ids[-1], NodePartition(0, 3)), nodes=3)
+    assert claim_as_node(strategy, engine, partition, 1, clock) == ids[-1:]
+
+
 def test_rows_another_transaction_holds_are_skipped_in_every_share(
     engine: sa.Engine, strategy: SkipLockedStrategy, clock: MovableClock
 ) -> None:

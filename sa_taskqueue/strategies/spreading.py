@@ -3,27 +3,35 @@
 On a MariaDB Galera cluster every node takes writes, but a row lock is
 local to the node that took it: a worker on node A and a worker on node B
 can both lock the same due row with ``FOR UPDATE SKIP LOCKED``, and the
-cluster settles it at commit (certification), failing the later transaction
-as a deadlock.  Retrying that costs a whole claim; workers on every node
-racing for the head of one queue lose most of their claims.
+cluster settles it at commit (certification), failing one of the two
+transactions as a deadlock, to be retried.  Workers on every node racing
+for the head of one queue meet there.
 
 So each node takes its own share of the candidates first.  The share is the
 task's id (over the step the ids are handed out in) modulo the number of
 nodes (`NodePartition`): with ids handed out in turn, each node's share is
 as large as any other's, and one node's workers never lock a row of another
 node's share while both have work.  Within a node, SKIP LOCKED keeps its
-workers apart as on one server.  No task is left
-to a node without workers:
+workers apart as on one server.  No task is left to a node without workers:
 
 - **own first**: up to the claim's limit from the node's own share, in claim order;
 - **then steal from the back**: when its own share has fewer, the rest from
   the other shares in reverse claim order, the end their own nodes reach
   last, so a node that is done helps the others without meeting their
-  workers until the last few tasks;
+  workers until the last few tasks.  (Both are read in one statement.  A
+  node whose own share was dry while the others' were not steals alone for
+  `DRY_FOR` before it looks at its own again: finding none of its own
+  walks the whole queue.)
 - **and sweep what fell behind**: at most once a second a claim first takes
   tasks of other shares due `SpreadingOptions.grace` before the oldest one
   this node took last (and no later in priority), so a share whose node has
   no workers is served even while this node's own share never runs dry.
+
+Each step reads its candidates without locks, then locks those by id
+(`_Taker`): a locking read would lock every row it walks past in the claim
+index, other shares' too, and a write replicated from another node that
+meets such a lock aborts the transaction holding it.  So a claim here is
+three statements (read, lock, update) where the plain one is two.
 
 A node's index and the cluster's size come from the server the connection
 is on (`Backend.node_partition`), read again every `REFRESH_SECONDS`: a
@@ -42,7 +50,19 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Integer, Select, Table, and_, bindparam, func, select
+from sqlalchemy import (
+    CompoundSelect,
+    Connection,
+    Integer,
+    Select,
+    Table,
+    and_,
+    bindparam,
+    func,
+    literal_column,
+    select,
+    union_all,
+)
 
 from sa_taskqueue.backends import backend_for
 from sa_taskqueue.strategies.claiming import (
@@ -58,8 +78,13 @@ from sa_taskqueue.strategies.prepared import PreparedStatement
 
 #: Seconds a connection's node partition is trusted before it is read again.
 REFRESH_SECONDS = 10.0
+#: How many candidates a step of a claim reads for each row it wants: a
+#: worker of the same node may hold some of the first ones.
+WINDOW = 2
 #: How often a claim sweeps the other shares for tasks that fell behind.
 SWEEP_EVERY = timedelta(seconds=1)
+#: How long a claim that found its own share dry, and the others' not, steals without looking at its own.
+DRY_FOR = timedelta(seconds=1)
 #: Where a connection keeps its node partition and when it was read (`Connection.info`).
 _KEPT_AS = "sa_taskqueue_node_partition"
 
@@ -69,6 +94,9 @@ NODE = "spread_node"
 STEP = "spread_step"
 BEHIND_PRIORITY = "spread_behind_priority"
 BEHIND_RUN_AT = "spread_behind_run_at"
+#: The column a candidate's part comes in, and the parts: its own share, or another's.
+PART = "spread_part"
+OWN, STOLEN = 0, 1
 
 
 @dataclass(frozen=True)
@@ -122,6 +150,7 @@ class NodeSpreading:
         self.options = options or SpreadingOptions()
         self._heads: dict[Any, tuple[int, datetime]] = {}
         self._next_sweep: dict[Any, datetime] = {}
+        self._dry_until: dict[Any, datetime] = {}
         self._lock = threading.Lock()
 
     def partition(self, conn: Connection) -> NodePartition | None:
@@ -165,28 +194,21 @@ class NodeSpreading:
             NODE: partition.index,
             STEP: partition.step,
         }
-        shape = request.shape
-        rows: list[dict[str, Any]] = []
-        swept = False
+        taker = _Taker(prepared, conn, table, request, params)
         behind = self._sweep_due(key, request.now)
         if behind is not None:
             priority, run_at = behind
-            sweep = prepared(("spread_sweep", shape), lambda: behind_select(table, request))
-            rows = sweep.rows(conn, {**params, BEHIND_PRIORITY: priority, BEHIND_RUN_AT: run_at})
-            swept = bool(rows)
-        wanted = request.limit - len(rows)
-        if wanted > 0:
-            statement = prepared(("spread_own", shape), lambda: own_select(table, request))
-            own = statement.rows(conn, {**params, LIMIT: wanted})
-            rows += own
-            self._note_head(key, own)
-        wanted = request.limit - len(rows)
-        # (Not after a sweep that took rows: its rows are this transaction's
-        # own locks, which SKIP LOCKED does not skip, so they would come twice.)
-        if wanted > 0 and not swept:
-            steal = prepared(("spread_steal", shape), lambda: stolen_select(table, request))
-            rows += steal.rows(conn, {**params, LIMIT: wanted})
-        return rows
+            taker.take("behind", behind_select, {BEHIND_PRIORITY: priority, BEHIND_RUN_AT: run_at})
+        if taker.wanted > 0 and self._dry(key, request.now):
+            taker.take("stolen", stolen_select)
+        elif taker.wanted > 0:
+            # Its own share's candidates and the others' from the back, read at once.
+            got = taker.take("own_then_stolen", own_then_stolen_select)
+            own = [row for row in got if row[PART] == OWN]
+            self._note_own(key, request.now, taker.own_candidates, own, stolen=len(got) - len(own))
+        for row in taker.rows:
+            row.pop(PART, None)
+        return taker.rows
 
     def _sweep_due(self, key: Any, now: datetime) -> tuple[int, datetime] | None:
         """Where a sweep looks now (the oldest own task's priority, less the grace its run_at), or None."""
@@ -201,13 +223,118 @@ class NodeSpreading:
         priority, run_at = head
         return priority, run_at - self.options.grace
 
-    def _note_head(self, key: Any, own: list[dict[str, Any]]) -> None:
+    def _dry(self, key: Any, now: datetime) -> bool:
+        """Whether its own share was found dry, while the others' had work, less than `DRY_FOR` ago."""
         with self._lock:
-            if not own:
-                # (Its own share ran dry: every claim steals now, no sweep needed.)
-                self._heads.pop(key, None)
+            until = self._dry_until.get(key)
+            return until is not None and until - DRY_FOR <= now < until
+
+    def _note_own(
+        self, key: Any, now: datetime, candidates: int, own: list[dict[str, Any]], *, stolen: int
+    ) -> None:
+        """What a claim found of its own share: the oldest it took, or that it found none."""
+        with self._lock:
+            if candidates:
+                self._dry_until.pop(key, None)
+                if own:
+                    self._heads[key] = min((row["priority"], row["run_at"]) for row in own)
                 return
-            self._heads[key] = min((row["priority"], row["run_at"]) for row in own)
+            # Its own share ran dry: every claim steals now, no sweep needed.
+            self._heads.pop(key, None)
+            if stolen:
+                # Finding none of its own walked the whole queue in the claim
+                # index: while the others' shares keep it busy, look again
+                # only after a while (with the queue empty, at every claim).
+                self._dry_until[key] = now + DRY_FOR
+
+
+class _Taker:
+    """One claim's rows, taken in steps: each step reads candidates, then locks those by id.
+
+    The candidates are read without locks (a consistent read of the latest
+    committed rows) and only then locked, by id.  A locking read would lock
+    every row it walks past on its way through the claim index, other
+    nodes' shares among them (InnoDB keeps them, even those the WHERE then
+    turns down), and a write replicated from another node that meets such a
+    lock aborts the transaction holding it: the very conflict the shares are
+    there to avoid.  The lock rechecks that each row is still due and skips
+    those another transaction holds.
+    """
+
+    def __init__(
+        self,
+        prepared: PreparedFor,
+        conn: Connection,
+        table: Table,
+        request: ClaimRequest,
+        params: dict[str, Any],
+    ) -> None:
+        self.prepared = prepared
+        self.conn = conn
+        self.table = table
+        self.request = request
+        self.params = params
+        self.rows: list[dict[str, Any]] = []
+        #: How many of its own share's rows the last step read.
+        self.own_candidates = 0
+        self._taken: set[int] = set()
+
+    @property
+    def wanted(self) -> int:
+        return self.request.limit - len(self.rows)
+
+    def take(
+        self,
+        step: str,
+        candidates: Callable[[Table, ClaimRequest], Select[Any] | CompoundSelect[Any]],
+        extra: dict[str, Any] | None = None,
+    ) -> list[dict[str, Any]]:
+        """Up to `wanted` rows of ``step``'s `WINDOW` candidates, locked; added to `rows` and returned."""
+        table, request, shape = self.table, self.request, self.request.shape
+        wanted = self.wanted
+        found = self.prepared(("spread_candidates", step, shape), lambda: candidates(table, request))
+        values = {**self.params, **(extra or {}), LIMIT: wanted * WINDOW}
+        # Own share first, each part in the order read.  (Rows this claim
+        # locked already are still queued to a read: its locks are its own.)
+        read = sorted(found.rows(self.conn, values), key=lambda row: row.get(PART, STOLEN))
+        part = {row["id"]: row.get(PART, STOLEN) for row in read if row["id"] not in self._taken}
+        self.own_candidates = sum(1 for value in part.values() if value == OWN)
+        window = list(part)
+        got: list[dict[str, Any]] = []
+        start = 0
+        while len(got) < wanted and start < len(window):
+            chunk = window[start : start + wanted - len(got)]
+            start += len(chunk)
+            lock = self.prepared(
+                ("spread_lock", len(chunk), shape), _lock_builder(table, request, len(chunk))
+            )
+            ids = dict(zip(_id_params(len(chunk)), chunk, strict=True))
+            got += lock.rows(self.conn, {**request.params(), **ids})
+        place = {task_id: index for index, task_id in enumerate(window)}
+        got.sort(key=lambda row: place[row["id"]])
+        for row in got:
+            row[PART] = part[row["id"]]
+        self._taken.update(row["id"] for row in got)
+        self.rows += got
+        return got
+
+
+def _id_params(count: int) -> list[str]:
+    return [f"spread_id_{index}" for index in range(count)]
+
+
+def _lock_builder(table: Table, request: ClaimRequest, count: int) -> Callable[[], Select[Any]]:
+    return lambda: locking_by_ids(table, request, count)
+
+
+def locking_by_ids(table: Table, request: ClaimRequest, count: int) -> Select[Any]:
+    """The rows of ``count`` ids (bound one parameter each) that are still due, locked, skipping locked ones.
+
+    Found by primary key alone, so the lock touches no row but these.
+    """
+    ids = [bindparam(name, type_=table.c.id.type) for name in _id_params(count)]
+    query = select(*read_back(table)).where(table.c.id.in_(ids), due_clause(table, request))
+    return query.with_for_update(skip_locked=True)
 
 
 def _share(table: Table) -> Any:
@@ -220,25 +347,31 @@ def _not_own_share(table: Table) -> Any:
 
 
 def own_select(table: Table, request: ClaimRequest) -> Select[Any]:
-    """Due rows of this node's share in claim order, locked, skipping locked ones, limited."""
-    query = due_select(table, request, *read_back(table)).where(
-        _share(table) == bindparam(NODE, type_=Integer())
-    )
-    return query.limit(limit_param()).with_for_update(skip_locked=True)
+    """The ids of due rows of this node's share, in claim order, limited (no locks)."""
+    query = due_select(table, request, table.c.id).where(_share(table) == bindparam(NODE, type_=Integer()))
+    return query.limit(limit_param())
 
 
 def stolen_select(table: Table, request: ClaimRequest) -> Select[Any]:
-    """Due rows of the other nodes' shares in reverse claim order, locked, skipping locked ones, limited."""
+    """The ids of due rows of the other nodes' shares, in reverse claim order, limited (no locks)."""
     query = (
-        select(*read_back(table))
+        select(table.c.id)
         .where(due_clause(table, request), _not_own_share(table))
         .order_by(*(column.desc() for column in claim_order(table)))
     )
-    return query.limit(limit_param()).with_for_update(skip_locked=True)
+    return query.limit(limit_param())
+
+
+def own_then_stolen_select(table: Table, request: ClaimRequest) -> CompoundSelect[Any]:
+    """`own_select` and `stolen_select` in one statement, each row with its part (`OWN` or `STOLEN`)."""
+    return union_all(
+        own_select(table, request).add_columns(literal_column(str(OWN)).label(PART)),
+        stolen_select(table, request).add_columns(literal_column(str(STOLEN)).label(PART)),
+    )
 
 
 def behind_select(table: Table, request: ClaimRequest) -> Select[Any]:
-    """Due rows of the other shares that fell behind this node's own oldest, in claim order, locked.
+    """The ids of due rows of the other shares that fell behind this node's own oldest, in claim order.
 
     Behind: no later in priority, and due `SpreadingOptions.grace` before it.
     """
@@ -247,8 +380,7 @@ def behind_select(table: Table, request: ClaimRequest) -> Select[Any]:
         table.c.priority <= bindparam(BEHIND_PRIORITY, type_=table.c.priority.type),
         table.c.run_at <= bindparam(BEHIND_RUN_AT, type_=table.c.run_at.type),
     )
-    query = due_select(table, request, *read_back(table)).where(fell_behind)
-    return query.limit(limit_param()).with_for_update(skip_locked=True)
+    return due_select(table, request, table.c.id).where(fell_behind).limit(limit_param())
 
 
 __all__ = [
@@ -258,6 +390,8 @@ __all__ = [
     "NodeSpreading",
     "SpreadingOptions",
     "behind_select",
+    "locking_by_ids",
     "own_select",
+    "own_then_stolen_select",
     "stolen_select",
 ]
