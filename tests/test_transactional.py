@@ -361,7 +361,7 @@ def start_worker(
     backend: Backend, tmp_path: Path, n: int, *options: str, lease: float = STORM_LEASE
 ) -> subprocess.Popen[bytes]:
     log = open(tmp_path / f"worker-{n}.log", "wb")  # noqa: SIM115 - closed with the process below
-    args = ["--url", backend.url, "--lease", str(lease), "--concurrency", str(STORM_SLOTS), *options]
+    args = ["--url", backend.node_url(n), "--lease", str(lease), "--concurrency", str(STORM_SLOTS), *options]
     return subprocess.Popen(
         [sys.executable, "-m", "tests.txn_app", *args, "--name", f"w{n}"],
         cwd=ROOT,

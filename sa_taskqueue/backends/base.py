@@ -237,6 +237,25 @@ class Backend:
         """Session-level locks on a name or number, held across transactions until released."""
         return False
 
+    @property
+    def galera(self) -> bool:
+        """The server is a node of a MariaDB Galera cluster (synchronous multi-primary replication).
+
+        Detected from the server, cached per engine; known after the
+        engine's first connect.  Row locks and advisory locks are then local
+        to one node: the cluster decides between two nodes' writes to one
+        row at commit (certification), failing the later one
+        (`certification_conflict`).
+        """
+        return False
+
+    def advisory_locks_not_exclusive(self) -> str | None:
+        """Why an advisory lock held here would not keep other workers out although the server has them.
+
+        None where it would.  Known after the engine's first connect.
+        """
+        return None
+
     def listener_url(self, url: URL) -> URL | None:
         """The URL a listener of an asyncio engine at ``url`` connects through, with a sync driver.
 
@@ -355,6 +374,20 @@ class Backend:
         """
         return None
 
+    def cluster_node(self, conn: Connection) -> tuple[str, str] | None:
+        """Which cluster and which node of it ``conn`` reaches, where the server is a node of one (`galera`).
+
+        None elsewhere.  Two connections with one cluster and two nodes
+        reach two nodes of the same cluster.
+        """
+        return None
+
+    def read_cluster_writes(self, conn: Connection) -> None:
+        """Make ``conn``'s reads wait until its node has applied what the whole cluster committed before.
+
+        Nothing to do on a single server, which has applied it already.
+        """
+
     def bounded_lock_wait(self, conn: Connection, seconds: float) -> AbstractContextManager[None]:
         """Within: a statement on ``conn`` waiting for another's lock gives up after about ``seconds``.
 
@@ -385,6 +418,15 @@ class Backend:
         """Whether the driver's ``error`` says the server rolled this transaction back to end a deadlock.
 
         Such a transaction did nothing wrong and may simply run again.
+        """
+        return False
+
+    def certification_conflict(self, error: BaseException) -> bool:
+        """Whether the driver's ``error`` says another node's transaction on the same rows won (`galera`).
+
+        The transaction was rolled back through no fault of its own, and
+        its work may run again at once: it is contention between nodes,
+        not an outage and not a failure of a task.
         """
         return False
 

@@ -13,8 +13,9 @@ from contextlib import contextmanager
 from functools import partial
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, Delete, Engine, Table, func
+from sqlalchemy import ColumnElement, Connection, Delete, Engine, Table, event, func
 from sqlalchemy.dialects import mysql
+from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeEngine
 
 from sa_taskqueue.backends.base import Backend, TableHealthProbe
@@ -70,6 +71,31 @@ class MySQLBackend(Backend):
     # Both asyncio drivers' connections wait on futures of the loop that opened them.
     loop_bound_drivers = frozenset({"aiomysql", "asyncmy"})
 
+    def __init__(self, dialect: Dialect) -> None:
+        super().__init__(dialect)
+        #: Whether the server is a Galera node: None until a connection has asked it.
+        self._galera: bool | None = None
+
+    @property
+    def galera(self) -> bool:
+        # Known once a connection has asked (`configure_engine`'s first
+        # connect, or `prepare_database`): False until then.
+        return bool(self._galera)
+
+    def configure_engine(self, engine: Engine) -> None:
+        if not event.contains(engine, "first_connect", self._ask_wsrep):
+            event.listen(engine, "first_connect", self._ask_wsrep)
+
+    def prepare_database(self, engine: Engine) -> None:
+        # An engine that connected before the queue configured it missed the
+        # first connect: ask on a connection of its own.
+        if self._galera is None:
+            with engine.connect() as conn:
+                self._galera = _wsrep_on(conn.connection.dbapi_connection)
+
+    def _ask_wsrep(self, dbapi_connection: Any, connection_record: Any) -> None:
+        self._galera = _wsrep_on(dbapi_connection)
+
     @property
     def is_mariadb(self) -> bool:
         """MariaDB, whichever name SQLAlchemy gave the dialect."""
@@ -119,6 +145,23 @@ class MySQLBackend(Backend):
     def session_id(self) -> ColumnElement[Any]:
         return func.connection_id()
 
+    def cluster_node(self, conn: Connection) -> tuple[str, str] | None:
+        if not self.galera:
+            return None
+        # The cluster's state UUID is shared by every node; the group
+        # communication UUID is this node's own (new at each start).
+        rows = conn.exec_driver_sql(
+            "SHOW GLOBAL STATUS WHERE Variable_name IN ('wsrep_cluster_state_uuid', 'wsrep_gcomm_uuid')"
+        ).all()
+        found = {str(name).lower(): str(value) for name, value in rows}
+        return found.get("wsrep_cluster_state_uuid", ""), found.get("wsrep_gcomm_uuid", "")
+
+    def read_cluster_writes(self, conn: Connection) -> None:
+        if self.galera:
+            # A node applies other nodes' certified writes a moment later;
+            # wsrep_sync_wait = 1 makes this session's reads wait for them.
+            conn.exec_driver_sql("SET SESSION wsrep_sync_wait = 1")
+
     @contextmanager
     def bounded_lock_wait(self, conn: Connection, seconds: float) -> Iterator[None]:
         # InnoDB counts its lock wait in whole seconds, and only per session:
@@ -142,7 +185,30 @@ class MySQLBackend(Backend):
         code = args[0] if args else None
         if not isinstance(code, int) or isinstance(code, bool) or code == 0:
             return None
+        if code == ER_UNKNOWN_COM_ERROR:
+            # A Galera node not (yet, or no longer) in the cluster's primary
+            # component refuses every statement with 1047, "WSREP has not yet
+            # prepared node for application use": it is joining after a
+            # restart, or cut off from the others; it serves again once synced.
+            return self.galera or "wsrep" in str(error).lower()
         return CLIENT_ERRORS[0] <= code <= CLIENT_ERRORS[1] or code in OUTAGE_ERRORS
+
+    def certification_conflict(self, error: BaseException) -> bool:
+        # Galera certifies a transaction's writes against the other nodes'
+        # at COMMIT, and fails the later of two that touched one row with
+        # ER_LOCK_DEADLOCK; a local transaction an applied write set aborts
+        # (a brute-force abort) gets the same error at its next statement.
+        return self.galera and self.lost_lock_race(error)
+
+    def advisory_locks_not_exclusive(self) -> str | None:
+        if not self.galera:
+            return None
+        return (
+            "this MariaDB server is a Galera node (wsrep_on), and GET_LOCK is held by one node only: "
+            "a worker connected to another node takes the same lock, so two workers could claim one "
+            "task. Use skip_locked (the default) or conditional_update, which the cluster certifies "
+            "at commit"
+        )
 
     def lost_lock_race(self, error: BaseException) -> bool:
         # ER_LOCK_DEADLOCK: InnoDB picked this transaction as a deadlock's
@@ -189,6 +255,20 @@ class MySQLBackend(Backend):
 ER_LOCK_DEADLOCK = 1213
 #: "Lock wait timeout exceeded; try restarting transaction".
 ER_LOCK_WAIT_TIMEOUT = 1205
+#: ER_UNKNOWN_COM_ERROR, which a Galera node outside the primary component answers every statement with.
+ER_UNKNOWN_COM_ERROR = 1047
+
+
+def _wsrep_on(dbapi_connection: Any) -> bool:
+    """Whether the server is a Galera node: ``wsrep_on`` is ON (MariaDB has the variable, OFF, without
+    Galera; MySQL has none, and SHOW VARIABLES then returns no row rather than an error)."""
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute("SHOW GLOBAL VARIABLES LIKE 'wsrep_on'")
+        row = cursor.fetchone()
+    finally:
+        cursor.close()
+    return row is not None and str(row[1]).upper() == "ON"
 
 
 def _lock_name(namespace: int, key: int) -> str:

@@ -1168,6 +1168,12 @@ def health(
 @click.argument("app_argument", metavar="[APP]", required=False)
 @click.option("--no-listen", is_flag=True, help="Leave LISTEN out, as for workers run with --no-listen.")
 @click.option("--strict", is_flag=True, help="Exit 1 on a table health finding too.")
+@click.option(
+    "--second-node",
+    metavar="URL",
+    default=None,
+    help="On a MariaDB Galera node: another node's URL, to prove a claim's exclusivity across the two.",
+)
 @_threshold_options
 @_app_option
 @_url_option
@@ -1177,6 +1183,7 @@ def doctor(
     app_argument: str | None,
     no_listen: bool,
     strict: bool,
+    second_node: str | None,
     app: str | None,
     url: str | None,
     max_transaction_age: timedelta | None,
@@ -1193,6 +1200,9 @@ def doctor(
     queue rather than a wrong one.  Given APP (as an argument or --app), its
     queue's strategy is checked, on its database unless --url is given on the
     command line; with --url alone, the strategy the database gets by default.
+    On a node of a MariaDB Galera cluster, --second-node URL (another node,
+    same driver) proves that workers on two nodes cannot both claim a task;
+    without it the report says what one node cannot prove.
     """
     if app_argument is not None and app is not None:
         raise click.UsageError("give APP or --app, not both")
@@ -1200,7 +1210,7 @@ def doctor(
     with for_people(ctx, url):
         target = _target(ctx, app, url)
     with for_people(ctx, target.url):
-        report = target.queue.check_footing(listen=not no_listen)
+        report = target.queue.check_footing(listen=not no_listen, second_node=second_node)
         strategy = target.queue.strategy.name
         table = target.queue.table_health(
             thresholds=_thresholds(

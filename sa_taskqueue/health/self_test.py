@@ -29,6 +29,13 @@ no check ever holds two connections of the queue's pool at once.
   winner holds the write lock).
 - ``listen``: a NOTIFY committed on one connection reaches another that
   LISTENs (the worker's listener connection), within `LISTEN_WAIT` seconds.
+- ``cluster`` (a Galera node, `Backend.galera`): row locks and GET_LOCK are
+  local to a node there, so the checks above prove exclusivity among one
+  node's connections only.  Given a second node's URL, one connection on
+  each node takes the same probe row (each under its own node's lock) and
+  both commit: exactly one commit must be certified, the other refused as a
+  certification conflict.  Without it the check says what one node cannot
+  prove, and passes.
 
 The probe rows (kind ``footing`` in the control table) and advisory locks (a
 negative key, which no task id has) belong to one run each and are removed
@@ -45,9 +52,9 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Table, delete, func, insert, select, update
+from sqlalchemy import URL, Connection, Engine, Table, create_engine, delete, func, insert, select, update
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.pool import Pool, PoolProxiedConnection, SingletonThreadPool, StaticPool
+from sqlalchemy.pool import NullPool, Pool, PoolProxiedConnection, SingletonThreadPool, StaticPool
 
 from sa_taskqueue.backends import backend_for
 from sa_taskqueue.core.control import control_table_of
@@ -74,12 +81,17 @@ TRANSACTION_POOLING = "PgBouncer (or another pooler) in transaction pooling mode
 SESSION_FIX = "put the workers behind a pooler in session mode, or connect them to the server directly"
 
 
-def check_footing(queue: QueueContext, *, listen: bool = True) -> FootingReport:
+def check_footing(
+    queue: QueueContext, *, listen: bool = True, second_node: str | URL | None = None
+) -> FootingReport:
     """Run the checks the queue's strategy needs, and LISTEN's where a worker would listen.
 
-    ``listen=False`` leaves LISTEN out (a worker that polls).  A database
-    that cannot be reached raises `DatabaseUnavailable`, as any other call
-    of the queue does: that is not a finding about the deployment.
+    ``listen=False`` leaves LISTEN out (a worker that polls).  On a node of
+    a cluster (Galera), ``second_node`` is the URL of another node of it
+    (the same driver as the queue's engine): exclusivity is then proved
+    across the two.  A database that cannot be reached raises
+    `DatabaseUnavailable`, as any other call of the queue does: that is not
+    a finding about the deployment.
     """
     strategy = queue.strategy
     checks: list[Check] = []
@@ -87,6 +99,8 @@ def check_footing(queue: QueueContext, *, listen: bool = True) -> FootingReport:
     try:
         for name, run in _lock_checks(strategy):
             checks.append(_timed(name, partial(queue.call, partial(run, queue, strategy, spare))))
+        if second_node is not None or backend_for(queue.engine.dialect).galera:
+            checks.append(_timed("cluster", partial(_cluster, queue, second_node)))
         if listen and can_listen(queue.engine):
             checks.append(_timed("listen", partial(_listen, queue, spare)))
     finally:
@@ -318,6 +332,103 @@ def _conditional_update(queue: QueueContext, strategy: ClaimStrategy, spare: Spa
         f"(winner {won}, rival while the winner wrote {won_meanwhile}, rival after {won_after}): "
         "claims would hand one task to two workers. Is the database file on a network file system "
         "without working locks? Keep it on a local disk"
+    )
+
+
+# Across the nodes of a cluster -------------------------------------------------------------
+
+ONE_NODE = (
+    "this server is a Galera node (wsrep_on): row locks and GET_LOCK hold on one node only, so the "
+    "checks above prove a claim's exclusivity among this node's connections alone; across nodes it "
+    "rests on the cluster certifying each commit, which one node cannot show. Give a second node's "
+    "URL (--second-node) to prove it"
+)
+
+
+def _cluster(queue: QueueContext, second_node: str | URL | None) -> Finding:
+    """Exclusivity across two nodes: each takes one probe row under its own lock; one commit may stand."""
+    if second_node is None:
+        return True, ONE_NODE
+    other_engine = _engine_like(queue, second_node)
+    try:
+        return queue.call(partial(_race_two_nodes, queue, other_engine))
+    finally:
+        queue.call(other_engine.dispose)
+
+
+def _engine_like(queue: QueueContext, url: str | URL) -> Engine:
+    """An engine of no pool on ``url``, of the queue's kind (an `AsyncEngine`'s sync face if it is async)."""
+    if queue.is_async:
+        from sqlalchemy.ext.asyncio import create_async_engine
+
+        engine = create_async_engine(url, poolclass=NullPool).sync_engine
+    else:
+        engine = create_engine(url, poolclass=NullPool)
+    # Set up as a queue's engine is: its first connect learns what the server is.
+    backend_for(engine.dialect).configure_engine(engine)
+    return engine
+
+
+def _race_two_nodes(queue: QueueContext, other_engine: Engine) -> Finding:
+    engine = queue.engine
+    backend = backend_for(engine.dialect)
+    other_backend = backend_for(other_engine.dialect)
+    control = control_table_of(queue.table)
+    with translate_database_errors(engine, queue.table), _probe_row(engine, control) as probe:
+        first = out_of_autocommit(engine.connect())
+        second = out_of_autocommit(other_engine.connect())
+        clean = False
+        try:
+            here, there = backend.cluster_node(first), other_backend.cluster_node(second)
+            if here is None or there is None:
+                which = "this server" if here is None else "the second node"
+                return False, (
+                    f"{which} is not a Galera node (wsrep_on is OFF): a second node's URL proves "
+                    "exclusivity across the nodes of a cluster, and there is none here"
+                )
+            if here[0] != there[0]:
+                return False, "the second URL reaches a node of another cluster: give a node of this one"
+            if here[1] == there[1]:
+                return False, "the second URL reaches this very node: give another node of the cluster"
+            # The probe row was committed on the first node: the second reads
+            # once it has applied that.
+            other_backend.read_cluster_writes(second)
+            first.rollback()  # (the questions above began transactions: the race begins its own)
+            second.rollback()
+            take = probe.take()
+            first.begin()
+            took_first = first.execute(take).rowcount
+            second.begin()
+            # Row locks are the node's own: this takes the row the first
+            # connection has locked on its node, without waiting.
+            took_second = second.execute(take).rowcount
+            first.commit()
+            refused = False
+            try:
+                second.commit()
+            except DBAPIError as error:
+                if error.orig is None or not other_backend.certification_conflict(error.orig):
+                    raise
+                refused = True
+            clean = True
+        finally:
+            _close(second, clean)
+            _close(first, clean)
+    won = took_first + (0 if refused else took_second)
+    if won == 1:
+        how = (
+            "the other commit was refused as a certification conflict"
+            if refused
+            else "the other found the row taken"
+        )
+        return True, (
+            f"two connections on two nodes took one row, each under its own node's lock; one commit "
+            f"was certified and {how}, so workers on different nodes cannot both claim a task"
+        )
+    return False, (
+        f"two connections on two nodes took one row and {won} commits stood: the cluster does not "
+        "certify writes across these nodes, and workers on them could run one task twice. Run every "
+        "worker against one node"
     )
 
 

@@ -167,8 +167,12 @@ class Claims:
         parts = self._parts
 
         def plain_claim(request: ClaimRequest) -> list[dict[str, Any]]:
-            with parts.database_errors():
-                return parts.call(lambda: strategy.claim(parts.engine, parts.table, request))
+            # A claim another node's claim beat at commit took nothing: it looks
+            # again, and after a few such losses comes back empty, as a claim
+            # whose candidates rivals held does.
+            return parts.certified(
+                lambda: parts.call(lambda: strategy.claim(parts.engine, parts.table, request)), lost=list
+            )
 
         return plain_claim
 

@@ -168,8 +168,10 @@ class Outcomes:
         check_claimed(claimed)
         parts = self._parts
         strategy = parts.strategy
-        with parts.database_errors():
-            return parts.call(lambda: strategy.finish(parts.engine, parts.table, claimed, values, now))
+        # (A fenced write that lost a certification conflict wrote nothing: it goes again.)
+        return parts.certified(
+            lambda: parts.call(lambda: strategy.finish(parts.engine, parts.table, claimed, values, now))
+        )
 
     def retry_delay(self, claimed: ClaimedTask) -> timedelta:
         registered = self._tasks.get(claimed.name)

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import secrets
 import socket
 import threading
+import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
@@ -23,13 +25,16 @@ from sqlalchemy import Engine, Table
 
 from sa_taskqueue.backends import backend_for
 from sa_taskqueue.core.event_loop_bridge import EventLoopBridge
-from sa_taskqueue.core.exceptions import translate_database_errors
+from sa_taskqueue.core.exceptions import DatabaseUnavailable, translate_database_errors
 from sa_taskqueue.core.limits import ColumnLimits
 from sa_taskqueue.core.redaction import Redactor
 from sa_taskqueue.strategies import registry
 from sa_taskqueue.strategies.base import ClaimStrategy
 
 T = TypeVar("T")
+
+#: How often a call that lost a certification conflict (Galera) runs again before the conflict is raised.
+CERTIFICATION_RETRIES = 5
 
 
 class QueueParts:
@@ -106,6 +111,31 @@ class QueueParts:
 
     def database_errors(self) -> AbstractContextManager[None]:
         return translate_database_errors(self.engine, self.table)
+
+    def certified(self, fn: Callable[[], T], /, *, lost: Callable[[], T] | None = None) -> T:
+        """``fn()`` (database errors translated), run again when another Galera node's commit beat it.
+
+        Galera certifies at commit: of two nodes' transactions on one row the
+        later fails (`Backend.certification_conflict`), having done nothing.
+        It runs again at once, a few times; then ``lost()`` is returned where
+        given, else the conflict is raised as the `DatabaseUnavailable` it is.
+        """
+        backend = backend_for(self.engine.dialect)
+        for attempt in range(CERTIFICATION_RETRIES + 1):
+            try:
+                with self.database_errors():
+                    return fn()
+            except DatabaseUnavailable as error:
+                cause = error.__cause__
+                driver_error = getattr(cause, "orig", None) or cause
+                if driver_error is None or not backend.certification_conflict(driver_error):
+                    raise
+                if attempt == CERTIFICATION_RETRIES:
+                    if lost is None:
+                        raise
+                    return lost()
+                time.sleep(random.uniform(0.0, 0.01 * (attempt + 1)))
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def default_worker_id(self) -> str:
         """``host:pid:token``, new in each process that uses this queue (a fork gets its own)."""

@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeGuard, TypeVar, cast, overload
 from zoneinfo import ZoneInfo
 
-from sqlalchemy import Engine, Table
+from sqlalchemy import URL, Engine, Table
 from sqlalchemy.orm import Session, scoped_session, sessionmaker
 
 from sa_taskqueue.backends import backend_for
@@ -624,17 +624,19 @@ class TaskQueue(ClaimsAndOutcomes, LiveWorkersListing, RunningTaskControl):
             raise TypeError("a TaskQueue on a sync Engine runs its database calls in the calling thread")
         return self._parts.bridge.loop()
 
-    def check_footing(self, *, listen: bool = True) -> FootingReport:
+    def check_footing(self, *, listen: bool = True, second_node: str | URL | None = None) -> FootingReport:
         """The self-test a worker runs at start (`health.self_test`), for ``doctor`` and monitoring.
 
         Proves on two connections of its own that what the strategy relies on
         holds through this engine's URL (SKIP LOCKED honoured, advisory locks
         kept per session, one winner of a compare-and-set) and, with
-        ``listen``, that a NOTIFY reaches a LISTENing connection.  Returns
-        the checks; `FootingReport.raise_if_failed` turns failures into a
-        `FootingError`.
+        ``listen``, that a NOTIFY reaches a LISTENing connection.  On a node
+        of a MariaDB Galera cluster, ``second_node`` (another node's URL)
+        proves a claim's exclusivity across the two nodes; without it, the
+        report says what one node cannot prove.  Returns the checks;
+        `FootingReport.raise_if_failed` turns failures into a `FootingError`.
         """
-        return check_footing(self._parts, listen=listen)
+        return check_footing(self._parts, listen=listen, second_node=second_node)
 
     def close(self) -> None:
         """Release what the strategy holds: its kept connections and any advisory locks.

@@ -36,6 +36,7 @@ from sqlalchemy.exc import DBAPIError
 
 from sa_taskqueue.backends import SERVED_BY, backend_for
 from sa_taskqueue.core.claimed import ClaimedTask, ClaimKey
+from sa_taskqueue.core.exceptions import StrategyError
 from sa_taskqueue.core.finished import notify_finished
 from sa_taskqueue.core.model import TaskStatus, has_status
 from sa_taskqueue.core.rate_limit import Rates
@@ -143,6 +144,13 @@ class AdvisoryLockStrategy(ClaimStrategy):
             f"advisory_lock needs {SERVED_BY['advisory_locks']}; "
             f"the {dialect.name!r} dialect has no advisory locks"
         )
+
+    def check_server(self, dialect: Dialect) -> None:
+        # A server that has advisory locks may still keep them per node (a
+        # Galera cluster): known once the engine has connected.
+        reason = backend_for(dialect).advisory_locks_not_exclusive()
+        if reason is not None:
+            raise StrategyError(f"advisory_lock cannot run here: {reason}")
 
     def recovery_interval(self, lease: timedelta) -> timedelta:
         # A free lock is proof its worker is gone, so there is no lease to

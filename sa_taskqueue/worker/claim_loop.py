@@ -35,6 +35,8 @@ logger = logging.getLogger("sa_taskqueue")
 
 #: Longest pause between claims after database errors.
 MAX_ERROR_BACKOFF = 30.0
+#: The longest pause before claiming again after a claim lost a certification conflict (Galera).
+CONFLICT_PAUSE = 0.05
 #: The first poll after a claim came back short; doubled up to ``poll_interval``.
 MIN_POLL_INTERVAL = 0.05
 
@@ -187,6 +189,13 @@ class ClaimLoop:
             except DatabaseUnavailable as error:
                 with state.lock:
                     self._loop_claiming = False
+                if self.outages.certification_conflict(error):
+                    # Another node's claim took these rows first: claim again
+                    # at once (after a moment, so that two nodes do not meet
+                    # again in step), without backing off as from an outage.
+                    self.outages.trouble(error, 0.0)
+                    state.stopping.wait(random.uniform(0.0, CONFLICT_PAUSE))
+                    continue
                 error_backoff = min(max(error_backoff * 2, 0.5), MAX_ERROR_BACKOFF)
                 self.outages.trouble(error, error_backoff)
                 state.stopping.wait(error_backoff)

@@ -65,6 +65,9 @@ class Outcome:
     #: A transactional task's: its own connection was cut (a server restart, a connection killed)
     #: while it ran or committed; its writes went with it.  The database failed, not the task.
     connection_cut: bool = False
+    #: A transactional task's: a Galera cluster rolled its transaction back for another node's
+    #: on the same rows (a certification conflict); its writes went with it.  Nobody failed.
+    certification_conflict: bool = False
 
     @property
     def ok(self) -> bool:

@@ -31,6 +31,13 @@ class Outages:
         event of ``service``.
         """
         message = getattr(error, "orig", None) or error
+        if self.certification_conflict(error):
+            # Expected, and frequent, wherever workers on two nodes reach for
+            # one row: the write is simply tried again.
+            logger.debug(
+                "another node's transaction on the same rows won at commit, trying again: %s", message
+            )
+            return
         if self._lost_lock_race(error):
             logger.info("lost a lock race with another connection, trying again: %s", str(message).strip())
             return
@@ -43,14 +50,23 @@ class Outages:
             logger.debug("database still unavailable (next try in %.1fs): %s", retry_in, message)
         self._emit.worker(EventKind.SERVICE_ERROR, service=service, error=error)
 
+    def certification_conflict(self, error: BaseException) -> bool:
+        """Whether a Galera cluster failed this statement's transaction for another node's on the same rows.
+
+        Galera certifies at commit: of two nodes' transactions that wrote
+        one row, the later fails, though each held its row lock on its own
+        node.  Nothing is wrong with the database or the task.
+        """
+        driver_error = _driver_error(error)
+        return driver_error is not None and backend_for(self._dialect).certification_conflict(driver_error)
+
     def _lost_lock_race(self, error: BaseException) -> bool:
         """Whether the server ended this statement's transaction as a deadlock's victim.
 
         (A lock wait that ran out is not: a lock held that long, by a
         migration or a stuck transaction, is trouble to be seen.)
         """
-        cause = error.__cause__
-        driver_error = getattr(cause, "orig", None) or cause
+        driver_error = _driver_error(error)
         if driver_error is None:
             return False
         return backend_for(self._dialect).lost_lock_race(driver_error)
@@ -61,6 +77,13 @@ class Outages:
             self.down = False
         if was_down:
             logger.info("database is back")
+
+
+def _driver_error(error: BaseException) -> BaseException | None:
+    """The driver's error behind one of ours (its cause, or the cause's ``orig``)."""
+    cause = error.__cause__
+    found: BaseException | None = getattr(cause, "orig", None) or cause
+    return found
 
 
 __all__ = ["Outages"]

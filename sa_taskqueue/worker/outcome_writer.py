@@ -9,6 +9,7 @@ FAILED or RETRIED, is emitted once it is written, never before.
 from __future__ import annotations
 
 import logging
+import random
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -17,7 +18,7 @@ from typing import Any, TypeVar
 from sa_taskqueue.core.claimed import ClaimedTask
 from sa_taskqueue.core.events import EventKind
 from sa_taskqueue.core.exceptions import DatabaseError, DatabaseUnavailable
-from sa_taskqueue.worker.claim_loop import ClaimLoop
+from sa_taskqueue.worker.claim_loop import CONFLICT_PAUSE, ClaimLoop
 from sa_taskqueue.worker.completions import Completions
 from sa_taskqueue.worker.execution import Outcome
 from sa_taskqueue.worker.lifecycle import Emitter
@@ -270,13 +271,19 @@ class OutcomeWriter:
             try:
                 value = write()
             except DatabaseUnavailable as error:
+                conflict = self.outages.certification_conflict(error)
                 self.outages.trouble(error, backoff)
                 if time.monotonic() > give_up_at or self.state.stopped.is_set():
                     for task in tasks:
                         logger.error("task %d %s: outcome not recorded; it will run again", *ids(task))
                     return None
-                time.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+                if conflict:
+                    # Another node wrote one of these rows first (Galera): the
+                    # write goes again at once, with no backing off as from an outage.
+                    time.sleep(random.uniform(0.0, CONFLICT_PAUSE))
+                else:
+                    time.sleep(backoff)
+                    backoff = min(backoff * 2, 5.0)
                 retried = True
                 continue
             self.outages.back()

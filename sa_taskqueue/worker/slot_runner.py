@@ -18,6 +18,7 @@ from dataclasses import replace
 from functools import partial
 from typing import Any, Literal
 
+from sa_taskqueue.backends import backend_for
 from sa_taskqueue.core.claimed import ClaimedTask
 from sa_taskqueue.core.current_task import (
     CancellationRequested,
@@ -58,6 +59,9 @@ Isolation = Literal["thread", "process"]
 #: Times a transactional task cut off from the database by its connection is queued again,
 #: its attempt not counted, before a further cut counts as its failure (in one worker).
 FREE_GIVE_BACKS_AFTER_A_CUT = 3
+#: Times a transactional task that lost a certification conflict (Galera) is queued again, its
+#: attempt not counted, before a further conflict counts as its failure (in one worker).
+FREE_GIVE_BACKS_AFTER_A_CONFLICT = 10
 #: Tasks whose cuts a worker remembers at most; past this it starts counting afresh.
 MAX_CUTS_REMEMBERED = 10_000
 
@@ -110,6 +114,8 @@ class SlotRunner:
         self._own_loop: LoopThread | None = None
         #: How often each task's connection was cut under it in this worker, by task id.
         self._cuts: dict[int, int] = {}
+        #: How often each task's transaction lost a certification conflict in this worker, by task id.
+        self._conflicts: dict[int, int] = {}
         #: Where the progress its tasks report goes (`sa_taskqueue.worker.progress`), and how it is let go of.
         self.progress_sink: ProgressSink | None = None
         self.forget_progress: Callable[[ClaimedTask], None] = lambda task: None
@@ -272,6 +278,11 @@ class SlotRunner:
         if outcome.connection_cut and not self._cut_too_often(slot):
             self._give_back_cut(slot, outcome)
             return
+        if outcome.certification_conflict and not self._too_often(
+            slot, self._conflicts, FREE_GIVE_BACKS_AFTER_A_CONFLICT
+        ):
+            self._give_back_cut(slot, outcome, conflict=True)
+            return
         if outcome.ok and not outcome.committed and outcome.result is not None:
             try:
                 check_result(outcome.result)
@@ -332,7 +343,11 @@ class SlotRunner:
 
         if not outcome.ok:
             settle(None, False)  # (rolled back already, unless it failed after the call)
-            return replace(outcome, connection_cut=run.cut)
+            return replace(
+                outcome,
+                connection_cut=run.cut,
+                certification_conflict=self._lost_certification(outcome.error),
+            )
         may_commit = not (slot.given_back or slot.lease_lost)
         slot.completing = True  # (the loop claims for the other free slots meanwhile)
         try:
@@ -340,7 +355,12 @@ class SlotRunner:
         except Exception as error:  # noqa: BLE001 - recorded as the task's failure, its writes rolled back
             slot.completing = False  # still RUNNING and this worker's, until the fail path writes
             # (The result is kept for a cut after the commit reached the server: see `_give_back_cut`.)
-            return Outcome(result=outcome.result, error=error, connection_cut=run.cut)
+            return Outcome(
+                result=outcome.result,
+                error=error,
+                connection_cut=run.cut,
+                certification_conflict=self._lost_certification(error),
+            )
         finally:
             self.state.wake.set()
         # ``completing`` stays set until the slot is freed: the row has left
@@ -375,17 +395,40 @@ class SlotRunner:
         ``max_allowed_packet``, say) would be cut at every run, and is then
         failed like any other, so that it cannot run forever unfailed.
         """
+        return self._too_often(slot, self._cuts, FREE_GIVE_BACKS_AFTER_A_CUT)
+
+    def _too_often(self, slot: Slot, counts: dict[int, int], free: int) -> bool:
+        """Count one more give-back of the task in ``counts``; True past ``free`` of them."""
         with self.state.lock:
-            cuts = self._cuts.get(slot.task.id, 0) + 1
-            if len(self._cuts) >= MAX_CUTS_REMEMBERED:
-                self._cuts.clear()
-            self._cuts[slot.task.id] = cuts
-        return cuts > FREE_GIVE_BACKS_AFTER_A_CUT
+            seen = counts.get(slot.task.id, 0) + 1
+            if len(counts) >= MAX_CUTS_REMEMBERED:
+                counts.clear()
+            counts[slot.task.id] = seen
+        return seen > free
 
-    def _give_back_cut(self, slot: Slot, outcome: Outcome) -> None:
-        """Queue again, its attempt not counted, a transactional task whose connection was cut as it ran.
+    def _lost_certification(self, error: BaseException | None) -> bool:
+        """Whether ``error`` (or the driver error behind it) is a Galera certification conflict.
 
-        Its writes ended with the connection, so nothing of the run
+        A task's write, or its commit with the completion, that another
+        node's transaction beat on one row: the task did nothing wrong, and
+        may run again at once (a task that loses every time still fails
+        after `FREE_GIVE_BACKS_AFTER_A_CONFLICT`).
+        """
+        backend = backend_for(self.queue.engine.dialect)
+        seen: set[int] = set()
+        while error is not None and id(error) not in seen:
+            seen.add(id(error))
+            driver_error = getattr(error, "orig", None)
+            if driver_error is not None and backend.certification_conflict(driver_error):
+                return True
+            error = error.__cause__ or error.__context__
+        return False
+
+    def _give_back_cut(self, slot: Slot, outcome: Outcome, *, conflict: bool = False) -> None:
+        """Queue again, its attempt not counted, a transactional task whose connection was cut as it ran
+        (or, with ``conflict``, whose transaction lost a certification conflict to another node's).
+
+        Its writes ended with the connection (or the rolled-back transaction), so nothing of the run
         happened: it is given back, written through an outage like any
         outcome, rather than failed and made to wait for a retry.  Unless the
         cut came after its commit reached the server, only the answer lost:
@@ -397,7 +440,16 @@ class SlotRunner:
         given_back = self.writer.give_back(task)
         with contextlib.suppress(Exception):
             self.queue.let_go(task)  # (what else the strategy holds for it, once the row is written)
-        if given_back:
+        if given_back and conflict:
+            # Contention between nodes, as expected as a lost lock race: not trouble to be seen.
+            logger.info(
+                "task %d %s attempt %d: another node's transaction on the same rows won at commit (%s); "
+                "its writes were rolled back and it is queued again, the attempt not counted",
+                *ids(task),
+                task.attempts,
+                why,
+            )
+        elif given_back:
             logger.warning(
                 "task %d %s attempt %d: its connection was cut (%s); its writes were rolled back and it is "
                 "queued again, the attempt not counted",
@@ -405,6 +457,7 @@ class SlotRunner:
                 task.attempts,
                 why,
             )
+        if given_back:
             with self.state.lock:
                 self.state.given_back += 1
             self.emit.task(EventKind.GIVEN_BACK, task, duration=slot.duration)
