@@ -9,12 +9,13 @@ first node, in each of these places:
 - **3 nodes, workers on one**: a 3-node cluster, all three workers on node 0;
 - **3 nodes, workers on all**: a 3-node cluster, one worker on each node.
 
-The cluster rows run twice: with the claim spread over the nodes
-(`SpreadingOptions` ``enabled=True``: each node's workers take their own
-share first) and without (``enabled=False``: every worker races for the
-head of the queue, as on one server).  The plain server runs with the
-default, and with spreading turned off: the two must send the same
-statements a task.
+The 3-node rows run three ways: the default (on a Galera node, claims
+spread over the nodes from a worker's first certification conflict on),
+``always`` (`SpreadingOptions` ``enabled=True``: each node's workers take
+their own share first from the first claim) and ``off`` (``enabled=False``:
+every worker races for the head of the queue, as on one server).  The plain
+server runs with the default, and with spreading turned off: the two must
+send the same statements a task.
 
 Conflicts are the cluster's own count, summed over its nodes: transactions
 that failed certification (``wsrep_local_cert_failures``) or were aborted
@@ -202,7 +203,7 @@ def row(place: str, spreading: bool | None, runs: list[GaleraRun], cluster: bool
 
     return {
         "place": place,
-        "spreading": {ON: "on", OFF: "off", DEFAULT: "default"}[spreading],
+        "spreading": {ON: "always", OFF: "off", DEFAULT: "default"}[spreading],
         "tasks_per_s": {"median": statistics.median(rates), "min": min(rates), "max": max(rates)},
         "conflicts_per_1000": median([run.conflicts * 1000 / run.tasks for run in runs]) if cluster else None,
         "client_us": median([run.per_task(run.client_cpu, 1e6) for run in runs]),
@@ -231,8 +232,8 @@ def galera_rows(plain_url: str, tasks: int, repeats: int) -> Iterator[dict[str, 
             (name, spreading, where)
             for name, nodes, where in PLACES
             if nodes == size
-            # (One node has no other to spread over: asked for, spreading changes nothing.)
-            for spreading in ((ON, OFF) if size > 1 else (ON,))
+            # (One node has no other to spread over: the default is all there is.)
+            for spreading in ((DEFAULT, ON, OFF) if size > 1 else (DEFAULT,))
         ]
         with cluster_of(size) as urls:
             yield from _rows(urls, places, tasks, repeats, cluster=True)

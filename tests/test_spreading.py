@@ -42,6 +42,16 @@ def share(task_id: int, partition: NodePartition) -> int:
     return (task_id // partition.step) % partition.nodes
 
 
+def stolen_order(ids: list[int], partition: NodePartition) -> list[int]:
+    """The order a node steals ``ids`` of other shares in: the next share's from its back, then the next's."""
+    return [
+        task_id
+        for distance in range(1, partition.nodes)
+        for task_id in sorted(ids, reverse=True)
+        if share(task_id, partition) == (partition.index + distance) % partition.nodes
+    ]
+
+
 def claim_as_node(
     strategy: SkipLockedStrategy,
     engine: sa.Engine,
@@ -100,8 +110,9 @@ def test_a_node_whose_share_ran_dry_takes_the_others_from_the_back(
     ids = enqueue(queue, engine, 9)
     partition = NodePartition(index=share(ids[0], NodePartition(0, 3)), nodes=3)
     own = [task_id for task_id in ids if share(task_id, partition) == partition.index]
-    others = [task_id for task_id in ids if task_id not in own]
-    assert claim_as_node(strategy, engine, partition, len(own) + 2, clock) == own + others[::-1][:2]
+    others = stolen_order(ids, partition)
+    assert len(others) == 6
+    assert claim_as_node(strategy, engine, partition, len(own) + 2, clock) == own + others[:2]
 
 
 def test_a_node_whose_share_ran_dry_while_others_had_work_looks_at_its_own_again_a_second_later(
@@ -112,13 +123,13 @@ def test_a_node_whose_share_ran_dry_while_others_had_work_looks_at_its_own_again
     partition = NodePartition(index=share(ids[0], NodePartition(0, 3)), nodes=3)
     with engine.begin() as conn:
         conn.execute(TABLE.delete().where(_share_is(partition)))
-    others = [task_id for task_id in ids if share(task_id, partition) != partition.index]
-    assert claim_as_node(strategy, engine, partition, 1, clock) == others[-1:]
+    others = stolen_order(ids, partition)
+    assert claim_as_node(strategy, engine, partition, 1, clock) == others[:1]
     later = enqueue(queue, engine, 3)
     [new_own] = [task_id for task_id in later if share(task_id, partition) == partition.index]
-    newest_other = max(task_id for task_id in later if task_id != new_own)
     # Its own share was dry and the others' were not: for a second it only steals.
-    assert claim_as_node(strategy, engine, partition, 1, clock) == [newest_other]
+    first_stolen = stolen_order([*ids, *later], partition)[0]
+    assert claim_as_node(strategy, engine, partition, 1, clock) == [first_stolen]
     clock.advance(timedelta(seconds=1))
     assert claim_as_node(strategy, engine, partition, 1, clock) == [new_own]
 
@@ -140,13 +151,13 @@ def test_rows_another_transaction_holds_are_skipped_in_every_share(
     ids = enqueue(queue, engine, 9)
     partition = NodePartition(index=share(ids[0], NodePartition(0, 3)), nodes=3)
     own = [task_id for task_id in ids if share(task_id, partition) == partition.index]
-    others = [task_id for task_id in ids if task_id not in own]
-    held = [own[0], others[-1]]
+    others = stolen_order(ids, partition)
+    held = [own[0], others[0]]
     with engine.connect() as holder, holder.begin():
         backend_for(holder.dialect).begin_locking_reads(holder)
         holder.execute(sa.select(TABLE.c.id).where(TABLE.c.id.in_(held)).with_for_update())
         taken = claim_as_node(strategy, engine, partition, len(ids), clock)
-    assert taken == own[1:] + others[::-1][1:]
+    assert taken == own[1:] + others[1:]
     assert not set(taken) & set(held)
 
 
@@ -169,11 +180,30 @@ def test_a_sweep_takes_the_others_tasks_that_fell_behind_before_its_own(
     # Its oldest is a minute newer than the others' old ones, more than the
     # grace: those fell behind, and a sweep takes them before its own.
     assert claim_as_node(strategy, engine, partition, 2, clock) == old_others[:2]
-    newest_other = max(task_id for task_id in recent if task_id not in recent_own)
+    first_stolen = stolen_order([*old_others, *recent], partition)[0]
     # At most once a second: now its own (both), then one of the others' from the back.
-    assert claim_as_node(strategy, engine, partition, 3, clock) == [*recent_own, newest_other]
+    assert claim_as_node(strategy, engine, partition, 3, clock) == [*recent_own, first_stolen]
     clock.advance(timedelta(seconds=1))
     assert claim_as_node(strategy, engine, partition, 3, clock) == old_others[:3]
+
+
+def test_a_sweep_takes_the_others_tasks_of_a_better_priority_once_due_for_the_grace(
+    engine: sa.Engine, strategy: SkipLockedStrategy, clock: MovableClock
+) -> None:
+    queue = make_queue(engine, None, timedelta(minutes=5), clock.now)
+    start = clock.now()
+    ids = enqueue(queue, engine, 6, run_at=start, priority=5)
+    partition = NodePartition(index=share(ids[0], NodePartition(0, 3)), nodes=3)
+    urgent = enqueue(queue, engine, 3, run_at=start, priority=-1)
+    [urgent_other, *_] = [task_id for task_id in urgent if share(task_id, partition) != partition.index]
+    with engine.begin() as conn:
+        conn.execute(TABLE.delete().where(TABLE.c.id.in_(urgent), TABLE.c.id != urgent_other))
+    own = [task_id for task_id in ids if share(task_id, partition) == partition.index]
+    assert claim_as_node(strategy, engine, partition, 1, clock) == own[:1]
+    # Within the grace it is the other node's to take.
+    assert claim_as_node(strategy, engine, partition, 1, clock) == own[:1]
+    clock.advance(timedelta(seconds=5))
+    assert claim_as_node(strategy, engine, partition, 1, clock) == [urgent_other]
 
 
 def test_a_sweep_leaves_the_others_tasks_within_the_grace(

@@ -50,8 +50,9 @@ class SkipLockedStrategy(ClaimStrategy):
     def __init__(self, *, spreading: SpreadingOptions | None = None) -> None:
         """``spreading``: how claims spread over a multi-primary cluster's nodes (`SpreadingOptions`).
 
-        By default they spread where the server is a Galera node, and
-        nowhere else; ``SpreadingOptions(enabled=False)`` claims as on one server.
+        By default they spread on a Galera node once a claim has lost a
+        certification conflict to another node's, for a while, and nowhere
+        else; ``SpreadingOptions(enabled=False)`` claims as on one server.
         """
         super().__init__()
         self.spreading = NodeSpreading(spreading)
@@ -149,7 +150,7 @@ class SkipLockedStrategy(ClaimStrategy):
         if not tasks or len(tasks) > COMPLETE_MANY_CHUNK or not at_once:
             return super().complete_and_claim(engine, table, tasks, results, now, request)
         if not backend_for(engine.dialect).update_from_locked_cte:
-            with self.transaction(engine) as conn:
+            with self.spreading.watching(engine.dialect), self.transaction(engine) as conn:
                 written = self.complete_many_on(conn, table, tasks, results, now)
                 return written, self._lock_then_update(conn, table, request)
         statement = self.executor.prepared(
@@ -181,7 +182,7 @@ class SkipLockedStrategy(ClaimStrategy):
         # IN (...) subquery (MySQL's error 1235), the claim is two statements
         # in one transaction: lock the whole rows, then update them by id.
         # The rows as claimed are computed from what was read, not read again.
-        with self.transaction(engine) as conn:
+        with self.spreading.watching(engine.dialect), self.transaction(engine) as conn:
             return self._lock_then_update(conn, table, request)
 
     def _lock_then_update(

@@ -23,9 +23,19 @@ workers apart as on one server.  No task is left to a node without workers:
   `DRY_FOR` before it looks at its own again: finding none of its own
   walks the whole queue.)
 - **and sweep what fell behind**: at most once a second a claim first takes
-  tasks of other shares due `SpreadingOptions.grace` before the oldest one
-  this node took last (and no later in priority), so a share whose node has
-  no workers is served even while this node's own share never runs dry.
+  tasks of other shares that this node would have taken before the oldest
+  one it took last and that have waited `SpreadingOptions.grace` past that
+  (of a better priority, due for the grace; of the same, due the grace
+  before it), so a share whose node has no workers is served even while
+  this node's own share never runs dry.
+
+When: by default, from a claim's first certification conflict on, for
+`SpreadingOptions.contended_for` after the last one.  Spreading gives up the
+queue's one order (priority, then due time, then id) for an order per
+share, so a node whose workers meet no other node's (the only node with
+workers, or a cluster kept for failover) claims in the queue's order, with
+the plain claim's statements, until another node's claims meet its own.
+``SpreadingOptions(enabled=True)`` spreads every claim from the first.
 
 Each step reads its candidates without locks, then locks those by id
 (`_Taker`): a locking read would lock every row it walks past in the claim
@@ -43,9 +53,11 @@ the claim's locks and the cluster's certification as before.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -60,9 +72,12 @@ from sqlalchemy import (
     bindparam,
     func,
     literal_column,
+    or_,
     select,
     union_all,
 )
+from sqlalchemy.engine import Dialect
+from sqlalchemy.exc import DBAPIError
 
 from sa_taskqueue.backends import backend_for
 from sa_taskqueue.strategies.claiming import (
@@ -94,9 +109,10 @@ NODE = "spread_node"
 STEP = "spread_step"
 BEHIND_PRIORITY = "spread_behind_priority"
 BEHIND_RUN_AT = "spread_behind_run_at"
+BEHIND_NOW = "spread_behind_now"
 #: The column a candidate's part comes in, and the parts: its own share, or another's.
 PART = "spread_part"
-OWN, STOLEN = 0, 1
+OWN = 0
 
 
 @dataclass(frozen=True)
@@ -119,20 +135,26 @@ class SpreadingOptions:
     """How a claim spreads over a cluster's nodes.
 
     ``enabled``: None (the default) spreads where the backend says the
-    server is a node of a multi-primary cluster (`Backend.galera`); True
+    server is a node of a multi-primary cluster (`Backend.galera`), from a
+    claim's first certification conflict on for ``contended_for`` (each
+    conflict starts it again): workers of one node alone, meeting no other
+    node's, claim in the queue's own order.  True spreads every claim
     wherever the server can name its node (`Backend.node_partition`); False
-    never.  ``grace``: how much longer than this node's own oldest task a
-    task of another node's share waits before this node takes it anyway.
+    never.  ``grace``: how long a task of another node's share may wait
+    past its turn before this node takes it anyway.
     """
 
     enabled: bool | None = None
+    contended_for: timedelta = timedelta(seconds=60)
     grace: timedelta = timedelta(seconds=5)
 
     def __post_init__(self) -> None:
         if self.enabled is not None and not isinstance(self.enabled, bool):
             raise TypeError(f"SpreadingOptions.enabled must be None, True or False, got {self.enabled!r}")
-        if not isinstance(self.grace, timedelta) or self.grace < timedelta(0):
-            raise ValueError(f"SpreadingOptions.grace must be a timedelta, zero or more, not {self.grace!r}")
+        for name in ("contended_for", "grace"):
+            value = getattr(self, name)
+            if not isinstance(value, timedelta) or value < timedelta(0):
+                raise ValueError(f"SpreadingOptions.{name} must be a timedelta, zero or more, not {value!r}")
 
 
 PreparedFor = Callable[[tuple[Any, ...], Callable[[], Any]], PreparedStatement]
@@ -152,18 +174,36 @@ class NodeSpreading:
         self._next_sweep: dict[Any, datetime] = {}
         self._dry_until: dict[Any, datetime] = {}
         self._lock = threading.Lock()
+        #: Until when (`time.monotonic`) claims spread by default: a certification conflict's time, and more.
+        self._contended_until = -math.inf
+
+    @contextmanager
+    def watching(self, dialect: Dialect) -> Iterator[None]:
+        """Within: a claim's transaction; a certification conflict that ends it has the claims spread."""
+        try:
+            yield
+        except DBAPIError as error:
+            if error.orig is not None and backend_for(dialect).certification_conflict(error.orig):
+                self._contended_until = time.monotonic() + self.options.contended_for.total_seconds()
+            raise
+
+    @property
+    def contended(self) -> bool:
+        """Whether a claim of this strategy lost a certification conflict within `contended_for`."""
+        return time.monotonic() < self._contended_until
 
     def partition(self, conn: Connection) -> NodePartition | None:
         """The node partition a claim on ``conn`` takes first, or None to claim as on one server.
 
-        Costs no statement where spreading does not apply (a plain server,
-        or turned off); elsewhere one every `REFRESH_SECONDS` per connection.
+        Costs no statement where spreading does not apply (a plain server, a
+        Galera node without conflicts of late, or turned off); elsewhere one
+        every `REFRESH_SECONDS` per connection.
         """
         enabled = self.options.enabled
         if enabled is False:
             return None
         backend = backend_for(conn.dialect)
-        if enabled is None and not getattr(backend, "galera", False):
+        if enabled is None and not (backend.galera and self.contended):
             return None
         kept = conn.info.get(_KEPT_AS)
         now = time.monotonic()
@@ -193,12 +233,18 @@ class NodeSpreading:
             NODES: partition.nodes,
             NODE: partition.index,
             STEP: partition.step,
+            **victims(partition),
         }
-        taker = _Taker(prepared, conn, table, request, params)
+        taker = _Taker(prepared, conn, table, request, params, partition.nodes)
         behind = self._sweep_due(key, request.now)
         if behind is not None:
             priority, run_at = behind
-            taker.take("behind", behind_select, {BEHIND_PRIORITY: priority, BEHIND_RUN_AT: run_at})
+            extra = {
+                BEHIND_PRIORITY: priority,
+                BEHIND_RUN_AT: run_at,
+                BEHIND_NOW: request.now - self.options.grace,
+            }
+            taker.take("behind", behind_select, extra)
         if taker.wanted > 0 and self._dry(key, request.now):
             taker.take("stolen", stolen_select)
         elif taker.wanted > 0:
@@ -268,8 +314,10 @@ class _Taker:
         table: Table,
         request: ClaimRequest,
         params: dict[str, Any],
+        nodes: int,
     ) -> None:
         self.prepared = prepared
+        self.nodes = nodes
         self.conn = conn
         self.table = table
         self.request = request
@@ -286,18 +334,22 @@ class _Taker:
     def take(
         self,
         step: str,
-        candidates: Callable[[Table, ClaimRequest], Select[Any] | CompoundSelect[Any]],
+        candidates: Callable[[Table, ClaimRequest, int], Select[Any] | CompoundSelect[Any]],
         extra: dict[str, Any] | None = None,
     ) -> list[dict[str, Any]]:
         """Up to `wanted` rows of ``step``'s `WINDOW` candidates, locked; added to `rows` and returned."""
         table, request, shape = self.table, self.request, self.request.shape
         wanted = self.wanted
-        found = self.prepared(("spread_candidates", step, shape), lambda: candidates(table, request))
+        nodes = self.nodes
+        found = self.prepared(
+            ("spread_candidates", step, shape, nodes), lambda: candidates(table, request, nodes)
+        )
         values = {**self.params, **(extra or {}), LIMIT: wanted * WINDOW}
-        # Own share first, each part in the order read.  (Rows this claim
+        # Own share first, then the shares after it in turn, each in the
+        # order read (a step without parts after those).  (Rows this claim
         # locked already are still queued to a read: its locks are its own.)
-        read = sorted(found.rows(self.conn, values), key=lambda row: row.get(PART, STOLEN))
-        part = {row["id"]: row.get(PART, STOLEN) for row in read if row["id"] not in self._taken}
+        read = sorted(found.rows(self.conn, values), key=lambda row: row.get(PART, self.nodes))
+        part = {row["id"]: row.get(PART, self.nodes) for row in read if row["id"] not in self._taken}
         self.own_candidates = sum(1 for value in part.values() if value == OWN)
         window = list(part)
         got: list[dict[str, Any]] = []
@@ -352,33 +404,62 @@ def own_select(table: Table, request: ClaimRequest) -> Select[Any]:
     return query.limit(limit_param())
 
 
-def stolen_select(table: Table, request: ClaimRequest) -> Select[Any]:
-    """The ids of due rows of the other nodes' shares, in reverse claim order, limited (no locks)."""
-    query = (
-        select(table.c.id)
-        .where(due_clause(table, request), _not_own_share(table))
-        .order_by(*(column.desc() for column in claim_order(table)))
-    )
-    return query.limit(limit_param())
+def stolen_select(table: Table, request: ClaimRequest, nodes: int) -> Select[Any] | CompoundSelect[Any]:
+    """The ids of due rows of the other nodes' shares, each share from its back (reverse claim order).
 
-
-def own_then_stolen_select(table: Table, request: ClaimRequest) -> CompoundSelect[Any]:
-    """`own_select` and `stolen_select` in one statement, each row with its part (`OWN` or `STOLEN`)."""
-    return union_all(
-        own_select(table, request).add_columns(literal_column(str(OWN)).label(PART)),
-        stolen_select(table, request).add_columns(literal_column(str(STOLEN)).label(PART)),
-    )
-
-
-def behind_select(table: Table, request: ClaimRequest) -> Select[Any]:
-    """The ids of due rows of the other shares that fell behind this node's own oldest, in claim order.
-
-    Behind: no later in priority, and due `SpreadingOptions.grace` before it.
+    The nearest share after its own first (part 1), then the next (part 2),
+    and so on: nodes whose own shares ran dry each steal from another share.
+    Each share's ids are limited to the claim's limit.
     """
+    parts = [
+        select(table.c.id, literal_column(str(distance)).label(PART))
+        .where(due_clause(table, request), _share(table) == bindparam(_victim(distance), type_=Integer()))
+        .order_by(*(column.desc() for column in claim_order(table)))
+        .limit(limit_param())
+        for distance in range(1, nodes)
+    ]
+    return parts[0] if len(parts) == 1 else union_all(*parts)
+
+
+def own_then_stolen_select(table: Table, request: ClaimRequest, nodes: int) -> CompoundSelect[Any]:
+    """`own_select` and `stolen_select` at once, each row with its part (`OWN`, or its share's distance)."""
+    own = own_select(table, request).add_columns(literal_column(str(OWN)).label(PART))
+    stolen = stolen_select(table, request, nodes)
+    return union_all(own, *(stolen.selects if isinstance(stolen, CompoundSelect) else [stolen]))
+
+
+def _victim(distance: int) -> str:
+    return f"spread_share_{distance}"
+
+
+def victims(partition: NodePartition) -> dict[str, int]:
+    """The values of `stolen_select`'s parameters: the share ``distance`` after the node's own, for each."""
+    return {
+        _victim(distance): (partition.index + distance) % partition.nodes
+        for distance in range(1, partition.nodes)
+    }
+
+
+def behind_select(table: Table, request: ClaimRequest, nodes: int) -> Select[Any]:
+    """The ids of due rows of the other shares that fell behind, in claim order (no locks).
+
+    Behind: this node would have taken it before its own oldest, and it has
+    waited `SpreadingOptions.grace` longer than that: of a better priority
+    and due since the grace, or of the same and due the grace before it.
+    """
+    priority = bindparam(BEHIND_PRIORITY, type_=table.c.priority.type)
     fell_behind = and_(
         _not_own_share(table),
-        table.c.priority <= bindparam(BEHIND_PRIORITY, type_=table.c.priority.type),
-        table.c.run_at <= bindparam(BEHIND_RUN_AT, type_=table.c.run_at.type),
+        or_(
+            and_(
+                table.c.priority < priority,
+                table.c.run_at <= bindparam(BEHIND_NOW, type_=table.c.run_at.type),
+            ),
+            and_(
+                table.c.priority == priority,
+                table.c.run_at <= bindparam(BEHIND_RUN_AT, type_=table.c.run_at.type),
+            ),
+        ),
     )
     return due_select(table, request, table.c.id).where(fell_behind).limit(limit_param())
 
@@ -394,4 +475,5 @@ __all__ = [
     "own_select",
     "own_then_stolen_select",
     "stolen_select",
+    "victims",
 ]
