@@ -194,8 +194,9 @@ class SkipLockedStrategy(ClaimStrategy):
         partition = self.spreading.partition(conn)
         if partition is not None:
             # Galera certifies at commit, and a row lock holds only on its own
-            # node: workers of two nodes would lock the same rows and one of
-            # them fail at commit.  Each node takes its own share first.
+            # node: workers of two nodes lock the same rows and one of them
+            # fails at commit.  Once they have met, each node takes its own
+            # share first.
             rows = self.spreading.locked_rows(
                 lambda name, build: self.executor.prepared(name, dialect, table, build),
                 conn,

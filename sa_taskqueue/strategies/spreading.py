@@ -110,7 +110,7 @@ STEP = "spread_step"
 BEHIND_PRIORITY = "spread_behind_priority"
 BEHIND_RUN_AT = "spread_behind_run_at"
 BEHIND_NOW = "spread_behind_now"
-#: The column a candidate's part comes in, and the parts: its own share, or another's.
+#: The column a candidate's part comes in: `OWN` for its own share, else how many shares after it.
 PART = "spread_part"
 OWN = 0
 
