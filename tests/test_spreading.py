@@ -11,6 +11,7 @@ claim sends exactly what it sent before.  The live cluster's tests are in
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from datetime import timedelta
 
@@ -40,6 +41,18 @@ def strategy() -> Iterator[SkipLockedStrategy]:
 
 def share(task_id: int, partition: NodePartition) -> int:
     return (task_id // partition.step) % partition.nodes
+
+
+def node_of(engine: sa.Engine, task_id: int) -> NodePartition:
+    """The node of three whose share ``task_id`` is in, ids stepping as the server hands them out."""
+    step = stride(engine)
+    return NodePartition(index=(task_id // step) % 3, nodes=3, step=step)
+
+
+def stride(engine: sa.Engine) -> int:
+    """How far apart the ids of rows inserted one after another on ``engine``'s server are."""
+    with engine.connect() as conn:
+        return int(conn.exec_driver_sql("SELECT @@auto_increment_increment").scalar_one())
 
 
 def stolen_order(ids: list[int], partition: NodePartition) -> list[int]:
@@ -82,25 +95,28 @@ def test_a_node_takes_its_own_share_first_in_claim_order(
 ) -> None:
     queue = make_queue(engine, None, timedelta(minutes=5), clock.now)
     ids = enqueue(queue, engine, 12)
-    partition = NodePartition(index=share(ids[0], NodePartition(0, 3)), nodes=3)
+    partition = node_of(engine, ids[0])
     own = [task_id for task_id in ids if share(task_id, partition) == partition.index]
     assert len(own) == 4
     assert claim_as_node(strategy, engine, partition, 3, clock) == own[:3]
 
 
-def test_ids_handed_out_in_steps_spread_over_the_nodes_by_their_step(
+def test_ids_spread_over_the_shares_by_the_step_the_server_hands_them_out_in(
     engine: sa.Engine, strategy: SkipLockedStrategy, clock: MovableClock
 ) -> None:
-    # Ids one node hands out in steps of the cluster's size would all be
-    # alike modulo the size; over the step, consecutive ones fall in turn.
     queue = make_queue(engine, None, timedelta(minutes=5), clock.now)
     ids = enqueue(queue, engine, 9)
-    shares = {share(task_id, NodePartition(0, 3, step=1)) for task_id in ids}
-    assert shares == {0, 1, 2}
-    stepped = NodePartition(index=share(ids[0], NodePartition(0, 3, step=3)), nodes=3, step=3)
-    own = [task_id for task_id in ids if share(task_id, stepped) == stepped.index]
-    assert 0 < len(own) <= 3 and own == sorted(own)
-    assert claim_as_node(strategy, engine, stepped, len(own), clock) == own
+    step = stride(engine)
+    assert [b - a for a, b in itertools.pairwise(ids)] == [step] * 8
+    by_share = [
+        [task_id for task_id in ids if share(task_id, NodePartition(n, 3, step)) == n] for n in range(3)
+    ]
+    assert [len(own) for own in by_share] == [3, 3, 3]
+    if step > 1:
+        # (A Galera node steps by the cluster's size: modulo the size alone, one share would hold them all.)
+        assert len({task_id % 3 for task_id in ids}) == 1
+    partition = node_of(engine, ids[0])
+    assert claim_as_node(strategy, engine, partition, 3, clock) == by_share[partition.index]
 
 
 def test_a_node_whose_share_ran_dry_takes_the_others_from_the_back(
@@ -108,7 +124,7 @@ def test_a_node_whose_share_ran_dry_takes_the_others_from_the_back(
 ) -> None:
     queue = make_queue(engine, None, timedelta(minutes=5), clock.now)
     ids = enqueue(queue, engine, 9)
-    partition = NodePartition(index=share(ids[0], NodePartition(0, 3)), nodes=3)
+    partition = node_of(engine, ids[0])
     own = [task_id for task_id in ids if share(task_id, partition) == partition.index]
     others = stolen_order(ids, partition)
     assert len(others) == 6
@@ -120,7 +136,7 @@ def test_a_node_whose_share_ran_dry_while_others_had_work_looks_at_its_own_again
 ) -> None:
     queue = make_queue(engine, None, timedelta(minutes=5), clock.now)
     ids = enqueue(queue, engine, 6)
-    partition = NodePartition(index=share(ids[0], NodePartition(0, 3)), nodes=3)
+    partition = node_of(engine, ids[0])
     with engine.begin() as conn:
         conn.execute(TABLE.delete().where(_share_is(partition)))
     others = stolen_order(ids, partition)
@@ -138,9 +154,9 @@ def test_a_node_that_found_nothing_anywhere_looks_at_its_own_share_at_the_next_c
     engine: sa.Engine, strategy: SkipLockedStrategy, clock: MovableClock
 ) -> None:
     queue = make_queue(engine, None, timedelta(minutes=5), clock.now)
-    assert claim_as_node(strategy, engine, NodePartition(0, 3), 1, clock) == []
+    assert claim_as_node(strategy, engine, node_of(engine, 0), 1, clock) == []
     ids = enqueue(queue, engine, 3)
-    partition = NodePartition(index=share(ids[-1], NodePartition(0, 3)), nodes=3)
+    partition = node_of(engine, ids[-1])
     assert claim_as_node(strategy, engine, partition, 1, clock) == ids[-1:]
 
 
@@ -149,7 +165,7 @@ def test_rows_another_transaction_holds_are_skipped_in_every_share(
 ) -> None:
     queue = make_queue(engine, None, timedelta(minutes=5), clock.now)
     ids = enqueue(queue, engine, 9)
-    partition = NodePartition(index=share(ids[0], NodePartition(0, 3)), nodes=3)
+    partition = node_of(engine, ids[0])
     own = [task_id for task_id in ids if share(task_id, partition) == partition.index]
     others = stolen_order(ids, partition)
     held = [own[0], others[0]]
@@ -168,7 +184,7 @@ def test_a_sweep_takes_the_others_tasks_that_fell_behind_before_its_own(
     start = clock.now()
     old = enqueue(queue, engine, 6, run_at=start - timedelta(minutes=1))
     recent = enqueue(queue, engine, 6, run_at=start)
-    partition = NodePartition(index=share(recent[0], NodePartition(0, 3)), nodes=3)
+    partition = node_of(engine, recent[0])
     old_own = [task_id for task_id in old if share(task_id, partition) == partition.index]
     with engine.begin() as conn:
         # This node's share has only recent tasks; the others' have old ones too.
@@ -193,7 +209,7 @@ def test_a_sweep_takes_the_others_tasks_of_a_better_priority_once_due_for_the_gr
     queue = make_queue(engine, None, timedelta(minutes=5), clock.now)
     start = clock.now()
     ids = enqueue(queue, engine, 6, run_at=start, priority=5)
-    partition = NodePartition(index=share(ids[0], NodePartition(0, 3)), nodes=3)
+    partition = node_of(engine, ids[0])
     urgent = enqueue(queue, engine, 3, run_at=start, priority=-1)
     [urgent_other, *_] = [task_id for task_id in urgent if share(task_id, partition) != partition.index]
     with engine.begin() as conn:
@@ -213,7 +229,7 @@ def test_a_sweep_leaves_the_others_tasks_within_the_grace(
     start = clock.now()
     enqueue(queue, engine, 6, run_at=start - timedelta(seconds=4))
     recent = enqueue(queue, engine, 6, run_at=start)
-    partition = NodePartition(index=share(recent[0], NodePartition(0, 3)), nodes=3)
+    partition = node_of(engine, recent[0])
     with engine.begin() as conn:
         conn.execute(TABLE.delete().where(TABLE.c.id < recent[0], _share_is(partition)))
     recent_own = [task_id for task_id in recent if share(task_id, partition) == partition.index]
@@ -225,31 +241,44 @@ def _share_is(partition: NodePartition) -> sa.ColumnElement[bool]:
     return sa.func.mod(TABLE.c.id // partition.step, partition.nodes) == partition.index
 
 
-def test_on_a_server_that_is_no_cluster_node_the_claim_is_the_plain_one(
+def sent_by_claims(engine: sa.Engine, clock: MovableClock, strategy: SkipLockedStrategy) -> list[str]:
+    """What two claims of one task each and an empty third send, on a queue of ``strategy``."""
+    queue = tq.TaskQueue(engine, strategy=strategy, lease=timedelta(minutes=5), clock=clock.now)
+    with engine.begin() as conn:
+        conn.execute(TABLE.delete())
+    enqueue(make_queue(engine, None, timedelta(minutes=5), clock.now), engine, 2)
+    with statements_sent(queue, lambda sql: True) as sent:
+        assert len(queue.claim(worker_id="w")) == 1
+        assert len(queue.claim(worker_id="w")) == 1
+        assert queue.claim(worker_id="w") == []
+    queue.close()
+    return sent
+
+
+def test_by_default_a_claim_that_met_no_other_node_sends_the_plain_claim(
     engine: sa.Engine, clock: MovableClock
 ) -> None:
-    """Spreading, even asked for, sends nothing of its own where the server names no node."""
-    with engine.connect() as conn:
-        assert backend_for(engine.dialect).node_partition(conn) is None
-
-    def sent_by_claims(strategy: SkipLockedStrategy) -> list[str]:
-        queue = tq.TaskQueue(engine, strategy=strategy, lease=timedelta(minutes=5), clock=clock.now)
-        with engine.begin() as conn:
-            conn.execute(TABLE.delete())
-        enqueue(make_queue(engine, None, timedelta(minutes=5), clock.now), engine, 2)
-        with statements_sent(queue, lambda sql: True) as sent:
-            assert len(queue.claim(worker_id="w")) == 1
-            assert len(queue.claim(worker_id="w")) == 1
-            assert queue.claim(worker_id="w") == []
-        queue.close()
-        return sent
-
-    plain = sent_by_claims(SkipLockedStrategy(spreading=SpreadingOptions(enabled=False)))
+    """On a plain server, and on a Galera node whose claims have lost no conflict, nothing changes."""
+    plain = sent_by_claims(engine, clock, SkipLockedStrategy(spreading=SpreadingOptions(enabled=False)))
     assert plain and not any("mod(" in sql.lower() for sql in plain)
-    assert sent_by_claims(SkipLockedStrategy()) == plain
-    asked = sent_by_claims(SkipLockedStrategy(spreading=SpreadingOptions(enabled=True)))
-    assert [sql for sql in asked if "GLOBAL_STATUS" not in sql] == plain
-    assert len(asked) == len(plain) + 1, "it asked the server once which node it is"
+    assert sent_by_claims(engine, clock, SkipLockedStrategy()) == plain
+
+
+def test_spreading_asked_for_spreads_where_the_server_names_its_node_and_nowhere_else(
+    engine: sa.Engine, clock: MovableClock
+) -> None:
+    plain = sent_by_claims(engine, clock, SkipLockedStrategy(spreading=SpreadingOptions(enabled=False)))
+    asked = sent_by_claims(engine, clock, SkipLockedStrategy(spreading=SpreadingOptions(enabled=True)))
+    asking = [sql for sql in asked if "GLOBAL_STATUS" in sql]
+    assert len(asking) == 1, "it asked the server once which node it is"
+    with engine.connect() as conn:
+        node = backend_for(engine.dialect).node_partition(conn)
+    if node is None:
+        assert [sql for sql in asked if sql not in asking] == plain
+    else:
+        assert node == (0, 3, stride(engine)), "the suite's engine is on the first of three nodes"
+        assert any("mod(" in sql.lower() for sql in asked), "its candidates read by share"
+        assert len(asked) > len(plain) + 1, "candidates read, then locked by id"
 
 
 def test_spreading_options_are_checked() -> None:

@@ -209,7 +209,8 @@ def test_workers_on_every_node_run_each_task_once_conflicting_rarely_once_conten
     ran, workers, (_first, conflicted) = drain(backend, nodes, tmp_path, tasks=[warm, tasks], on=[0, 1, 2])
     assert sorted(ran) == list(range(warm + tasks)), logs(tmp_path)
     assert all(len(pids) == 1 for pids in ran.values()), "a task ran twice"
-    assert conflicted * 1000 / tasks <= 5, f"{conflicted} conflicts in {tasks} tasks\n{logs(tmp_path)}"
+    # (Measured on a 2-core machine: 2 to 8 a thousand here, and 90 to 100 without spreading.)
+    assert conflicted * 1000 / tasks <= 15, f"{conflicted} conflicts in {tasks} tasks\n{logs(tmp_path)}"
     by_node = dict.fromkeys(workers.values(), 0)
     for key, pids in ran.items():
         if key >= warm:
@@ -227,7 +228,7 @@ def test_without_spreading_the_same_drain_conflicts_all_along(
     )
     assert sorted(ran) == list(range(warm + tasks)), logs(tmp_path)
     assert all(len(pids) == 1 for pids in ran.values()), "a task ran twice"
-    assert conflicted > 0, logs(tmp_path)
+    assert conflicted * 1000 / tasks >= 30, f"{conflicted} conflicts in {tasks} tasks\n{logs(tmp_path)}"
 
 
 def test_workers_on_one_node_take_every_share(
