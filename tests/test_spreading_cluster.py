@@ -172,8 +172,11 @@ def test_a_claim_that_loses_a_certification_conflict_has_the_next_claims_spread(
     strategy = SkipLockedStrategy()
     engine = sa.create_engine(backend.nodes[0], poolclass=sa.pool.NullPool)
     try:
-        queue = make_queue(engine, strategy, timedelta(minutes=5))
-        task_id = enqueue_one(queue, nodes[0], "record", {"key": 1})
+        # (Its own queue on this engine: its first connect finds the server a Galera node.)
+        queue = tq.TaskQueue(engine, strategy=strategy)
+        task_id = enqueue_one(
+            make_queue(nodes[0], None, timedelta(minutes=5)), nodes[0], "record", {"key": 1}
+        )
         with engine.connect() as conn:
             assert strategy.spreading.partition(conn) is None, "no conflict yet: the queue's own order"
         with pytest.raises(sa.exc.DBAPIError) as lost:
