@@ -126,6 +126,46 @@ for _backend in BACKENDS:
     _make_session(_backend)
 
 
+#: The Galera lane: the session starts a 3-node MariaDB Galera cluster from Debian's packages for each
+#: pytest run (tests/galera.py; .ci/install-galera installs what is missing) and stops it at the end.
+#: It runs the tests whose outcome a cluster changes: claims racing across nodes, completions with the
+#: next claim, the worker, worker processes spread over the nodes, transactional tasks (the kill storm
+#: included), and the cluster's own (certification conflicts, the self-test across two nodes, a node
+#: killed in the middle of a drain); then the same but the cluster's own through aiomysql.
+GALERA_CONFORMANCE = [
+    "tests/test_claim.py",
+    "tests/test_complete_and_claim.py",
+    "tests/test_worker.py",
+    "tests/test_processes.py",
+    "tests/test_transactional.py",
+]
+
+
+@nox.session(name="tests-galera")
+def tests_galera(session: nox.Session) -> None:
+    """The conformance tests that a multi-primary cluster changes, against a live 3-node Galera cluster."""
+    session.install("-e", ".[test]", f"SQLAlchemy~={FULL_SUITE_SERIES}.0", env=COMPILE_BYTECODE)
+    session.run("sh", ".ci/install-galera", external=True)
+    session.run("python", "-m", "compileall", "-q", *OWN_SOURCES)
+    session.run(
+        "pytest", "--backend", "galera", *session.posargs, *GALERA_CONFORMANCE, "tests/test_galera.py"
+    )
+    strategies = _listed(session, "STRATEGIES", "galera")
+    rerun = [name for name in strategies if name not in ASYNC_SAME_AS_SYNC_STRATEGIES] or strategies
+    for driver in _listed(session, "ASYNC_DRIVERS", "galera"):
+        session.run(
+            "pytest",
+            "--backend",
+            "galera",
+            "--async-driver",
+            driver,
+            *(f"--strategy={name}" for name in rerun),
+            *ASYNC_DESELECTED,
+            *session.posargs,
+            *GALERA_CONFORMANCE,
+        )
+
+
 @nox.session
 def lint(session: nox.Session) -> None:
     """ruff, mypy --strict on the package, the layer contracts, and the docs site built strictly."""

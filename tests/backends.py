@@ -23,7 +23,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,8 @@ class Backend:
     url: str
     #: Every node's URL where the database is a cluster (``galera``), ``url`` first; else just ``url``.
     nodes: tuple[str, ...] = ()
+    #: The cluster the session started (tests/galera.py's `GaleraCluster`: kill, start), if it did.
+    cluster: Any = field(default=None, compare=False, repr=False)
 
     def node_url(self, n: int) -> str:
         """The URL worker process ``n`` connects to: the nodes in turn, so workers spread over a cluster."""
@@ -179,8 +181,8 @@ def provision(name: str, tmp_dir: str) -> Iterator[Backend]:
         return
     configured = os.environ.get(env_var(name))
     if name == "galera":
-        with galera_nodes(configured) as nodes:
-            yield Backend(name, nodes[0], tuple(nodes))
+        with galera_nodes(configured) as (nodes, cluster):
+            yield Backend(name, nodes[0], tuple(nodes), cluster)
         return
     if name == "postgres18" and configured is None:
         with wheel_postgres() as url:
@@ -221,16 +223,19 @@ CAUSAL_READS = "SET SESSION wsrep_sync_wait = 1"
 
 
 @contextmanager
-def galera_nodes(configured: str | None) -> Iterator[list[str]]:
-    """The nodes' URLs: those listed in ``configured`` (comma-separated), else a cluster started here."""
+def galera_nodes(configured: str | None) -> Iterator[tuple[list[str], Any]]:
+    """The nodes' URLs: those listed in ``configured`` (comma-separated), else a cluster started here.
+
+    With the cluster started here, which the fault tests kill nodes of (None for one given by URL).
+    """
     if configured:
-        yield [_causal(url.strip()) for url in configured.split(",") if url.strip()]
+        yield [_causal(url.strip()) for url in configured.split(",") if url.strip()], None
         return
     from tests.galera import GaleraUnavailable, galera_cluster
 
     try:
         with galera_cluster(3) as cluster:
-            yield [_causal(url) for url in cluster.urls]
+            yield [_causal(url) for url in cluster.urls], cluster
     except GaleraUnavailable as error:
         raise Unavailable(f"galera: {error}") from error
 

@@ -127,6 +127,7 @@ SERVED_BY = {
     "history_list": "MySQL, MariaDB",
     "wal": "SQLite",
     "advisory_locks": "PostgreSQL (pg_try_advisory_lock) or MySQL/MariaDB (GET_LOCK)",
+    "galera": "a MariaDB Galera cluster",
 }
 
 

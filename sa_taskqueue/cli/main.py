@@ -1172,7 +1172,8 @@ def health(
     "--second-node",
     metavar="URL",
     default=None,
-    help="On a MariaDB Galera node: another node's URL, to prove a claim's exclusivity across the two.",
+    help=f"On a node of {SERVED_BY['galera']}: another node's URL, to prove that workers on the two "
+    "cannot both claim a task.",
 )
 @_threshold_options
 @_app_option
