@@ -150,24 +150,6 @@ def test_a_node_whose_share_ran_dry_while_others_had_work_looks_at_its_own_again
     assert claim_as_node(strategy, engine, partition, 1, clock) == [new_own]
 
 
-def test_a_node_whose_share_ran_dry_still_sweeps_the_others_oldest_once_due_for_the_grace(
-    engine: sa.Engine, strategy: SkipLockedStrategy, clock: MovableClock
-) -> None:
-    """Stealing takes a share from its back: the sweep keeps its oldest from waiting for all the rest."""
-    queue = make_queue(engine, None, timedelta(minutes=5), clock.now)
-    start = clock.now()
-    old = enqueue(queue, engine, 3, run_at=start - timedelta(minutes=1))
-    recent = enqueue(queue, engine, 6, run_at=start)
-    partition = node_of(engine, old[0])
-    with engine.begin() as conn:
-        conn.execute(TABLE.delete().where(_share_is(partition)))
-    queued = [task_id for task_id in [*old, *recent] if share(task_id, partition) != partition.index]
-    oldest = [task_id for task_id in old if task_id in queued]
-    assert claim_as_node(strategy, engine, partition, 1, clock) == stolen_order(queued, partition)[:1]
-    assert stolen_order(queued, partition)[0] not in oldest
-    assert claim_as_node(strategy, engine, partition, 1, clock) == oldest[:1]
-
-
 def test_a_node_that_found_nothing_anywhere_looks_at_its_own_share_at_the_next_claim(
     engine: sa.Engine, strategy: SkipLockedStrategy, clock: MovableClock
 ) -> None:

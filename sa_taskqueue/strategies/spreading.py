@@ -26,9 +26,8 @@ workers apart as on one server.  No task is left to a node without workers:
   tasks of other shares that this node would have taken before the oldest
   one it took last and that have waited `SpreadingOptions.grace` past that
   (of a better priority, due for the grace; of the same, due the grace
-  before it; while its own share is dry, any due for the grace), so a share
-  whose node has no workers is served in its order, even while this node's
-  own share never runs dry.
+  before it), so a share whose node has no workers is served even while
+  this node's own share never runs dry.
 
 When: by default, from a claim's first certification conflict on, for
 `SpreadingOptions.contended_for` after the last one.  Spreading gives up the
@@ -101,8 +100,6 @@ WINDOW = 2
 SWEEP_EVERY = timedelta(seconds=1)
 #: How long a claim that found its own share dry, and the others' not, steals without looking at its own.
 DRY_FOR = timedelta(seconds=1)
-#: The priority a sweep compares with while its own share is dry: behind every task.
-DRY_PRIORITY = 2**31 - 1
 #: Where a connection keeps its node partition and when it was read (`Connection.info`).
 _KEPT_AS = "sa_taskqueue_node_partition"
 
@@ -288,12 +285,8 @@ class NodeSpreading:
                 if own:
                     self._heads[key] = min((row["priority"], row["run_at"]) for row in own)
                 return
-            # Its own share ran dry: every claim steals now, from the back.  The
-            # sweeps go on as if its oldest were due now and of the lowest
-            # priority, so the others' tasks due for the grace are still taken
-            # oldest first: stealing alone would leave the oldest of a share
-            # whose node has no workers for last.
-            self._heads[key] = (DRY_PRIORITY, now)
+            # Its own share ran dry: every claim steals now, no sweep needed.
+            self._heads.pop(key, None)
             if stolen:
                 # Finding none of its own walked the whole queue in the claim
                 # index: while the others' shares keep it busy, look again
