@@ -148,7 +148,14 @@ def tests_galera(session: nox.Session) -> None:
     session.run("sh", ".ci/install-galera", external=True)
     session.run("python", "-m", "compileall", "-q", *OWN_SOURCES)
     session.run(
-        "pytest", "--backend", "galera", *session.posargs, *GALERA_CONFORMANCE, "tests/test_galera.py"
+        "pytest",
+        "--backend",
+        "galera",
+        *session.posargs,
+        *GALERA_CONFORMANCE,
+        "tests/test_galera.py",
+        "tests/test_spreading.py",
+        "tests/test_spreading_cluster.py",
     )
     strategies = _listed(session, "STRATEGIES", "galera")
     rerun = [name for name in strategies if name not in ASYNC_SAME_AS_SYNC_STRATEGIES] or strategies

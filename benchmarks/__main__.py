@@ -36,6 +36,7 @@ from benchmarks.depth import claim_latencies, claim_plan
 from benchmarks.drain import DrainResult, drain, statements_used
 from benchmarks.enqueue import RAW_PATHS, enqueue_rate
 from benchmarks.failures import OUTCOMES, outcome_drain
+from benchmarks.galera import SLOTS, WORKERS, galera_rows
 from benchmarks.latency import percentiles, pickup_latency
 from benchmarks.observability import MODES, observed_drain
 from benchmarks.peers import IMPLEMENTATIONS, PEERS, missing_peers, worker_drain
@@ -61,7 +62,10 @@ SECTIONS = (
     "worker_cost",
     "failures",
     "observability",
+    "galera",
 )
+#: Sections run only when asked for by name (``--sections galera``): they start servers of their own.
+OPT_IN = ("galera",)
 
 
 def spread(values: list[float]) -> dict[str, float]:
@@ -176,7 +180,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--worker-cost-tasks", type=int, default=20000, help="tasks per run of the worker_cost section"
     )
-    parser.add_argument("--sections", default=",".join(SECTIONS))
+    parser.add_argument(
+        "--galera-tasks", type=int, default=3000, help="tasks per drain of the galera section"
+    )
+    parser.add_argument(
+        "--sections",
+        default=",".join(name for name in SECTIONS if name not in OPT_IN),
+        help=f"comma-separated, of {', '.join(SECTIONS)} (default: all but {', '.join(OPT_IN)})",
+    )
     parser.add_argument("--json", default=str(RESULTS / "latest.json"))
     return parser.parse_args(argv)
 
@@ -1077,6 +1088,39 @@ def observability_worker_cost(run: Run) -> list[dict[str, Any]]:
     return rows
 
 
+def galera_section(run: Run) -> dict[str, Any]:
+    """Workers on a Galera cluster beside one plain server, with and without spreading (benchmarks.galera)."""
+    from tests.galera import GaleraUnavailable
+
+    args = run.args
+    plain = backend("mariadb")
+    table = new_table(
+        f"galera: {WORKERS} workers of {SLOTS} slots, {args.galera_tasks} no-op tasks, median (min-max) of "
+        f"{args.repeats}; cost: client + server CPU µs a task, statements a task",
+        ["where", "spreading", "tasks/s", "conflicts / 1000 tasks", "cost", "exactly once"],
+    )
+    rows: list[dict[str, Any]] = []
+    try:
+        for found in galera_rows(plain.url, args.galera_tasks, args.repeats):
+            rows.append(found)
+            conflicts = found["conflicts_per_1000"]
+            cost = {key: found[key] for key in ("client_us", "server_us", "statements")}
+            table.add_row(
+                found["place"],
+                found["spreading"],
+                fmt(found["tasks_per_s"]),
+                "n/a" if conflicts is None else f"{conflicts:.1f}",
+                cost_cell({**cost, "elsewhere": None}),
+                yes_no(found["exactly_once"]),
+            )
+    except GaleraUnavailable as error:
+        run.console.print(f"galera: no cluster could be started, section left out: {error}", markup=False)
+    run.console.print(table)
+    for note in sorted({note for found in rows for note in found["notes"]}):
+        run.console.print(f"  {note}", markup=False, highlight=False)
+    return {"galera": rows}
+
+
 SECTION_RUNNERS: dict[str, Callable[[Run], dict[str, Any]]] = {
     "drain": drain_section,
     "enqueue": enqueue_section,
@@ -1091,6 +1135,7 @@ SECTION_RUNNERS: dict[str, Callable[[Run], dict[str, Any]]] = {
     "worker_cost": worker_cost_section,
     "failures": failures_section,
     "observability": observability_section,
+    "galera": galera_section,
 }
 
 

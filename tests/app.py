@@ -25,6 +25,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 import sa_taskqueue as tq
 from sa_taskqueue.core.types import utcnow
+from sa_taskqueue.strategies import ClaimStrategy
 from tests.helpers import wait_until
 
 
@@ -70,7 +71,10 @@ def queue_bind(engine: sa.Engine) -> Any:
 
 
 def make_queue(
-    engine: sa.Engine, strategy: str | None, lease: timedelta, clock: Callable[[], datetime] = utcnow
+    engine: sa.Engine,
+    strategy: str | ClaimStrategy | None,
+    lease: timedelta,
+    clock: Callable[[], datetime] = utcnow,
 ) -> tq.TaskQueue:
     """The test application's queue with its tasks registered, reading the time from ``clock``."""
     queue = tq.TaskQueue(queue_bind(engine), strategy=strategy, lease=lease, clock=clock)

@@ -286,6 +286,20 @@ class Backend:
             return False
         return self.skip_locked_since is None or self.server_version >= self.skip_locked_since
 
+    def node_partition(self, conn: Connection) -> tuple[int, int, int] | None:
+        """This connection's server as one of several nodes that all take writes: (index, nodes, id step).
+
+        Asked by a claim that spreads workers over a multi-primary cluster's
+        nodes (`sa_taskqueue.strategies.spreading`), so that each node's
+        workers take their own share of the candidates.  The index runs from
+        0 to ``nodes`` less one; the id step is how far apart the ids of rows
+        inserted one after another on one node are (a cluster numbering each
+        node's rows from its own offset steps by the cluster's size).  None
+        where the server is not such a node, or cannot say now (a node
+        outside the cluster's primary component).
+        """
+        return None
+
     @property
     def default_strategy(self) -> str:
         """The name of the claim strategy this server gets unless the application chooses one.

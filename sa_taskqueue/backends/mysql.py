@@ -223,6 +223,25 @@ class MySQLBackend(Backend):
         args: tuple[Any, ...] = getattr(error, "args", ())
         return bool(args) and args[0] == DUPLICATE_ENTRY and super().duplicate_key(error, index)
 
+    def node_partition(self, conn: Connection) -> tuple[int, int, int] | None:
+        # A Galera node's place in the cluster's current membership: its index
+        # (from 0) and the cluster's size.  A server without Galera reports
+        # size 0 and an index of 2**64 - 1, as does a node outside the primary
+        # component.  Galera also numbers new rows in steps of the cluster's
+        # size, each node from its own offset (wsrep_auto_increment_control).
+        row = conn.exec_driver_sql(
+            "SELECT (SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS"
+            " WHERE VARIABLE_NAME = 'WSREP_LOCAL_INDEX'),"
+            " (SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS"
+            " WHERE VARIABLE_NAME = 'WSREP_CLUSTER_SIZE'),"
+            " @@auto_increment_increment"
+        ).one()
+        try:
+            index, nodes, stride = (int(value) for value in row)
+        except (TypeError, ValueError):
+            return None
+        return (index, nodes, max(stride, 1)) if 0 <= index < nodes else None
+
     def datetime_type(self) -> TypeEngine[Any]:
         # DATETIME has whole seconds unless asked for fsp=6.
         return mysql.DATETIME(fsp=6)

@@ -9,6 +9,7 @@ and one for what they share:
 - ``advisory``: advisory locks held for the task's run (PostgreSQL, MySQL/MariaDB; chosen explicitly)
 - ``claiming``: the due-rows query and what a claim writes and reads back
 - ``lease``: the fenced writes out of RUNNING and lease recovery
+- ``spreading``: skip_locked's claim on a multi-primary cluster, each node's workers on their own share
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from sa_taskqueue.strategies.base import ClaimStrategy
 from sa_taskqueue.strategies.claiming import ClaimRequest
 from sa_taskqueue.strategies.conditional import ConditionalUpdateStrategy
 from sa_taskqueue.strategies.skip_locked import SkipLockedStrategy
+from sa_taskqueue.strategies.spreading import SpreadingOptions
 
 __all__ = [
     "AdvisoryLockStrategy",
@@ -26,5 +28,6 @@ __all__ = [
     "ClaimStrategy",
     "ConditionalUpdateStrategy",
     "SkipLockedStrategy",
+    "SpreadingOptions",
     "registry",
 ]

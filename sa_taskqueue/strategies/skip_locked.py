@@ -38,6 +38,7 @@ from sa_taskqueue.strategies.complete_and_claim import FINISHED_IDS, complete_an
 from sa_taskqueue.strategies.held_arrays import held_claims
 from sa_taskqueue.strategies.lease import COMPLETE_MANY_CHUNK, HELD_NOW
 from sa_taskqueue.strategies.limited import candidate_window
+from sa_taskqueue.strategies.spreading import NodeSpreading, SpreadingOptions
 
 
 class SkipLockedStrategy(ClaimStrategy):
@@ -45,6 +46,16 @@ class SkipLockedStrategy(ClaimStrategy):
 
     name = "skip_locked"
     locking_reads = True
+
+    def __init__(self, *, spreading: SpreadingOptions | None = None) -> None:
+        """``spreading``: how claims spread over a multi-primary cluster's nodes (`SpreadingOptions`).
+
+        By default they spread on a Galera node once a claim has lost a
+        certification conflict to another node's, for a while, and nowhere
+        else; ``SpreadingOptions(enabled=False)`` claims as on one server.
+        """
+        super().__init__()
+        self.spreading = NodeSpreading(spreading)
 
     @classmethod
     def unsupported_reason(cls, dialect: Dialect) -> str | None:
@@ -139,7 +150,7 @@ class SkipLockedStrategy(ClaimStrategy):
         if not tasks or len(tasks) > COMPLETE_MANY_CHUNK or not at_once:
             return super().complete_and_claim(engine, table, tasks, results, now, request)
         if not backend_for(engine.dialect).update_from_locked_cte:
-            with self.transaction(engine) as conn:
+            with self.spreading.watching(engine.dialect), self.transaction(engine) as conn:
                 written = self.complete_many_on(conn, table, tasks, results, now)
                 return written, self._lock_then_update(conn, table, request)
         statement = self.executor.prepared(
@@ -171,7 +182,7 @@ class SkipLockedStrategy(ClaimStrategy):
         # IN (...) subquery (MySQL's error 1235), the claim is two statements
         # in one transaction: lock the whole rows, then update them by id.
         # The rows as claimed are computed from what was read, not read again.
-        with self.transaction(engine) as conn:
+        with self.spreading.watching(engine.dialect), self.transaction(engine) as conn:
             return self._lock_then_update(conn, table, request)
 
     def _lock_then_update(
@@ -179,14 +190,28 @@ class SkipLockedStrategy(ClaimStrategy):
     ) -> list[dict[str, Any]]:
         """`_claim_then_update`'s two statements on ``conn``, in its caller's transaction."""
         dialect = conn.dialect
-        lock = self.executor.prepared(
-            ("lock", request.shape),
-            dialect,
-            table,
-            lambda: locking_select(table, request, *read_back(table)).limit(limit_param()),
-        )
         params = request.params()
-        rows = lock.rows(conn, params)
+        partition = self.spreading.partition(conn)
+        if partition is not None:
+            # Galera certifies at commit, and a row lock holds only on its own
+            # node: workers of two nodes lock the same rows and one of them
+            # fails at commit.  Once they have met, each node takes its own
+            # share first.
+            rows = self.spreading.locked_rows(
+                lambda name, build: self.executor.prepared(name, dialect, table, build),
+                conn,
+                table,
+                request,
+                partition,
+            )
+        else:
+            lock = self.executor.prepared(
+                ("lock", request.shape),
+                dialect,
+                table,
+                lambda: locking_select(table, request, *read_back(table)).limit(limit_param()),
+            )
+            rows = lock.rows(conn, params)
         if rows:
             ids = claimed_id_params(len(rows))
             mark = self.executor.prepared(
