@@ -245,6 +245,11 @@ def _config(node: Node, nodes: list[Node]) -> str:
             f"ist.recv_addr=127.0.0.1:{node.ist_port}",
             "gcache.size=64M",
             "pc.wait_prim_timeout=PT60S",
+            # On a busy 2-core machine a node can stall for seconds; the defaults (a peer suspected
+            # after 5 s, dropped after 15 s) then split the cluster into non-primary parts.
+            "evs.suspect_timeout=PT10S",
+            "evs.inactive_timeout=PT30S",
+            "evs.install_timeout=PT15S",
         ]
     )
     settings = {
