@@ -8,6 +8,7 @@ from typing import Any
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     ColumnElement,
     Computed,
     Enum,
@@ -30,7 +31,9 @@ from sqlalchemy.sql.compiler import DDLCompiler, SQLCompiler
 from sqlalchemy.sql.visitors import InternalTraversal
 
 from sa_taskqueue.backends import backend_for, dialects_with, partial_index_dialects
+from sa_taskqueue.core.batch_table import batch_table
 from sa_taskqueue.core.control import control_table
+from sa_taskqueue.core.dependency_table import dependency_table
 from sa_taskqueue.core.rate_limit_table import rate_limit_table
 from sa_taskqueue.core.types import JSONDocument, LongText, UTCDateTime, utcnow
 from sa_taskqueue.core.worker_table import worker_table
@@ -39,6 +42,9 @@ from sa_taskqueue.core.worker_table import worker_table
 class TaskStatus(enum.StrEnum):
     """Where a task is in its life.  Stored as a plain string, never a native enum."""
 
+    #: Enqueued with ``depends_on``: some parent has not finished yet.  Out of
+    #: the claim index; the last parent to finish moves it to QUEUED.
+    WAITING = "waiting"
     QUEUED = "queued"
     RUNNING = "running"
     COMPLETED = "completed"
@@ -55,6 +61,7 @@ CANCELLED_BY_LENGTH = 255
 STATUS_LENGTH = 16
 UNIQUE_KEY_LENGTH = 255
 CONCURRENCY_KEY_LENGTH = 255
+ON_PARENT_FAILURE_LENGTH = 16
 # "<length of name>:<name><unique key>" and "<concurrency key>#<slot>": the
 # generated columns the unique indexes hold (MySQL's 3072-byte key limit
 # allows 768 four-byte characters).
@@ -218,6 +225,21 @@ class TaskMixin:
     progress: Mapped[float | None] = mapped_column(Float)
     progress_note: Mapped[Any | None] = mapped_column(JSONDocument)
     progress_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    #: The batch the task belongs to, fixed when it is enqueued; NULL for a
+    #: task outside any batch.
+    batch_id: Mapped[int | None] = mapped_column(BigInteger)
+    #: While the task is WAITING, how many of its parents have not finished.
+    parents_pending: Mapped[int | None] = mapped_column(Integer)
+    #: What a parent that ends failed or cancelled does to this task:
+    #: ``"cancel"`` (NULL means the same, the default) or ``"run"``.
+    on_parent_failure: Mapped[str | None] = mapped_column(
+        String(ON_PARENT_FAILURE_LENGTH).with_variant(
+            String(), *dialects_with("appended_columns_without_length")
+        )
+    )
+    #: Set when the first dependent of this task is enqueued: its final
+    #: write then goes through the workflow bookkeeping, which releases them.
+    has_dependents: Mapped[bool | None] = mapped_column(Boolean)
 
     @declared_attr.directive
     @classmethod
@@ -230,6 +252,9 @@ class TaskMixin:
         worker_table(cls.metadata, table)  # type: ignore[attr-defined]
         # And the rate limits' recent starts.
         rate_limit_table(cls.metadata, table)  # type: ignore[attr-defined]
+        # And the workflows' dependency edges and batches.
+        dependency_table(cls.metadata, table)  # type: ignore[attr-defined]
+        batch_table(cls.metadata, table)  # type: ignore[attr-defined]
         return (
             # The claim walks this index in claim order.  On PostgreSQL and
             # SQLite it holds queued rows only, so millions of finished rows
@@ -246,6 +271,8 @@ class TaskMixin:
             # and the partial indexes leave them out altogether.
             Index(f"ux_{table}_unique", "active_unique_key", unique=True, **_non_null("active_unique_key")),
             Index(f"ux_{table}_slot", "running_slot_key", unique=True, **_non_null("running_slot_key")),
+            # A batch's members are listed per batch; most tasks have none.
+            Index(f"ix_{table}_batch", "batch_id", **_non_null("batch_id")),
         )
 
     def __repr__(self) -> str:
