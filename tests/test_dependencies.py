@@ -13,20 +13,28 @@ import os
 import pickle
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from sqlalchemy.dialects import mysql, oracle, postgresql, sqlite
 from sqlalchemy.orm import Session
 
 import sa_taskqueue as tq
 from sa_taskqueue.core.dependency_table import dependency_table_of
 from sa_taskqueue.core.types import utcnow
+from sa_taskqueue.features.workflows import bookkeeping
+from sa_taskqueue.features.workflows.dependencies import decide
+from sa_taskqueue.strategies.held_arrays import complete_from_arrays_statement
+from sa_taskqueue.strategies.lease import HELD_NOW, complete_many_statement, fail_many_statement
+from sa_taskqueue.strategies.skip_locked import SkipLockedStrategy
 from tests.app import make_queue
 from tests.backends import Backend
-from tests.helpers import MovableClock, run_cli, task_row
+from tests.helpers import MovableClock, run_cli, task_row, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -400,7 +408,9 @@ def test_a_late_plain_completion_after_recovery_releases_nothing_twice(
 
 
 @pytest.mark.async_path
-def test_the_async_enqueue_and_chain_take_depends_on(backend: Backend, engine: sa.Engine) -> None:
+def test_the_async_enqueue_and_chain_take_depends_on(
+    request: pytest.FixtureRequest, backend: Backend, engine: sa.Engine
+) -> None:
     from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
     from sqlalchemy.pool import NullPool
 
@@ -479,37 +489,79 @@ def test_two_parents_completed_at_once_from_two_processes_release_the_child_exac
                 conn.execute(table.delete())
 
 
-def test_the_release_and_cascade_sql_compiles_for_oracle() -> None:
-    from sqlalchemy.dialects import oracle
+class Recorder:
+    """A connection that compiles what it is given for one dialect, runs nothing, and returns no rows."""
 
-    from sa_taskqueue.features.workflows import bookkeeping
+    def __init__(self, dialect: sa.engine.Dialect) -> None:
+        self.dialect = dialect
+        self.seen: list[str] = []
 
-    seen: list[str] = []
+    def execute(self, statement: sa.Executable, *args: object) -> Recorder:
+        compiled = statement.compile(dialect=self.dialect)  # type: ignore[attr-defined]
+        self.seen.append(" ".join(str(compiled).split()))
+        return self
 
-    class Recorder:
-        dialect = oracle.dialect()
+    def all(self) -> list[object]:
+        return []
 
-        def execute(self, statement: object, *args: object) -> object:
-            seen.append(str(statement.compile(dialect=self.dialect)))  # type: ignore[attr-defined]
 
-            class Rows:
-                def all(self) -> list[object]:
-                    return []
+DIALECTS = [postgresql.dialect(), mysql.dialect(), oracle.dialect(), sqlite.dialect()]
+DIALECT_IDS = ["postgresql", "mysql", "oracle", "sqlite"]
 
-            return Rows()
 
-    bookkeeping.release(Recorder(), TABLE, [1, 2])  # type: ignore[arg-type]
+@pytest.mark.parametrize("dialect", DIALECTS, ids=DIALECT_IDS)
+def test_the_release_and_the_cascade_compile_on_every_dialect(dialect: sa.engine.Dialect) -> None:
+    conn = Recorder(dialect)
+    bookkeeping.release(conn, TABLE, [1, 2])  # type: ignore[arg-type]
     bookkeeping.after_final(
-        Recorder(),  # type: ignore[arg-type]
+        conn,  # type: ignore[arg-type]
         TABLE,
         [bookkeeping.FinishedTask(7, tq.TaskStatus.FAILED, None, True)],
         utcnow(),
     )
-    release = seen[0]
-    assert "UPDATE sa_taskqueue_task SET status=CASE WHEN" in release
-    assert release.index("status=") < release.index("parents_pending=")
+    release = conn.seen[0]
+    assert release.startswith("UPDATE sa_taskqueue_task SET status=CASE WHEN"), release
+    # Assigned first: MySQL's left-to-right assignments then read the old parents_pending.
+    assert release.index("status=") < release.index("parents_pending="), release
     assert "FROM sa_taskqueue_task_dependencies" in release
-    assert any("FOR UPDATE" in sql for sql in seen), seen
+    cascade = conn.seen[1]
+    assert cascade.startswith("SELECT sa_taskqueue_task.id, sa_taskqueue_task.on_parent_failure"), cascade
+    if dialect.name != "sqlite":  # (SQLite takes its one write lock instead)
+        assert cascade.endswith("FOR UPDATE"), cascade
+
+
+@pytest.mark.parametrize("dialect", DIALECTS, ids=DIALECT_IDS)
+def test_a_dependents_enqueue_flags_then_locks_its_parents_on_every_dialect(
+    dialect: sa.engine.Dialect,
+) -> None:
+    conn = Recorder(dialect)
+    with pytest.raises(tq.ParentNotFound):  # (the recorder finds no parent)
+        decide(conn, TABLE, [3, 1], 0, None, utcnow())  # type: ignore[arg-type]
+    flag, lock = conn.seen
+    assert flag.startswith("UPDATE sa_taskqueue_task SET has_dependents="), flag
+    assert "has_dependents IS NULL" in flag
+    assert "ORDER BY sa_taskqueue_task.id" in lock
+    if dialect.name != "sqlite":
+        assert lock.endswith("FOR UPDATE"), lock
+
+
+@pytest.mark.parametrize("dialect", DIALECTS, ids=DIALECT_IDS)
+def test_plain_final_writes_carry_the_dependents_fence_and_renewals_do_not(
+    dialect: sa.engine.Dialect,
+) -> None:
+    def compiled(statement: object) -> str:
+        return " ".join(str(statement.compile(dialect=dialect)).split())  # type: ignore[attr-defined]
+
+    fence = "sa_taskqueue_task.has_dependents IS NULL"
+    assert fence in compiled(complete_many_statement(TABLE, 2, True, returning=False))
+    assert fence not in compiled(complete_many_statement(TABLE, 2, True, returning=False, fenced=False))
+    assert "has_dependents" not in compiled(fail_many_statement(TABLE, 2, clears_slots=False)), (
+        "the fence is added by the plain path alone"
+    )
+    if dialect.name == "postgresql":
+        assert fence in compiled(complete_from_arrays_statement(TABLE, HELD_NOW))
+    renewal = sa.update(TABLE).where(SkipLockedStrategy().holds(TABLE)).values(locked_until=utcnow())
+    assert "has_dependents" not in compiled(renewal)
 
 
 def test_the_cli_counts_waiting_tasks_and_cancels_one_with_its_dependents(
@@ -536,3 +588,66 @@ def test_the_cli_counts_waiting_tasks_and_cancels_one_with_its_dependents(
         tq.TaskStatus.CANCELLED,
         tq.TaskStatus.CANCELLED,
     ]
+
+
+@pytest.mark.requires("advisory_locks")
+def test_advisory_recovery_that_fails_a_parent_cancels_its_dependents(engine: sa.Engine) -> None:
+    holder = make_queue(engine, "advisory_lock", timedelta(minutes=5))
+    rescuer = make_queue(engine, "advisory_lock", timedelta(minutes=5))
+    try:
+        with Session(engine) as session, session.begin():
+            parent = holder.enqueue(session, "record", {"key": 1}, max_attempts=1)
+            child = holder.enqueue(session, "record", {"key": 2}, depends_on=[parent])
+            parent_id, child_id = parent.id, child.id
+        [claimed] = holder.claim()
+        assert claimed.id == parent_id
+        holder.strategy.close()  # its connection, and the lock on the task, are gone: as a dead worker's
+        assert rescuer.recover() == 1
+    finally:
+        holder.close()
+        rescuer.close()
+    assert status(engine, parent_id) is tq.TaskStatus.FAILED
+    assert status(engine, child_id) is tq.TaskStatus.CANCELLED
+
+
+def test_a_waiting_task_is_never_claimed_by_a_running_worker_until_its_parent_completes(
+    flow: tq.TaskQueue, engine: sa.Engine
+) -> None:
+    """A real claim loop polls all along; the child runs only after its parent's completion is written."""
+    release_parent = threading.Event()
+    order: list[str] = []
+
+    @flow.task(name="held")
+    def held() -> str:
+        order.append("parent started")
+        assert release_parent.wait(30)
+        order.append("parent ends")
+        return "parent done"
+
+    @flow.task(name="after")
+    def after() -> str:
+        parent_row = task_row(engine, next(iter(tq.current_task().parent_results())))
+        order.append(f"child started, parent {parent_row.status.value}")
+        return "child done"
+
+    with Session(engine) as session, session.begin():
+        parent = held.enqueue(session)
+        child = after.enqueue(session, depends_on=[parent])
+        parent_id, child_id = parent.id, child.id
+    worker = tq.Worker(flow, concurrency=2, poll_interval=0.02)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        wait_until(lambda: order == ["parent started"], 30, "the parent to start")
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:  # a second of polling with a free slot: the child stays waiting
+            assert status(engine, child_id) is tq.TaskStatus.WAITING
+            time.sleep(0.05)
+        release_parent.set()
+        wait_until(lambda: status(engine, child_id) is tq.TaskStatus.COMPLETED, 30, "the child to run")
+    finally:
+        release_parent.set()
+        worker.stop()
+        thread.join(30)
+    assert order == ["parent started", "parent ends", "child started, parent completed"]
+    assert task_row(engine, parent_id).result == "parent done"

@@ -528,7 +528,7 @@ class TaskQueue(ClaimsAndOutcomes, LiveWorkersListing, RunningTaskControl):
                 )
             options = step.options()
             step_values = self._enqueuing.task_values(
-                step.task.name,
+                step.registered.name,
                 step.params,
                 options.get("queue"),
                 options.get("priority"),
