@@ -227,7 +227,11 @@ def test_a_function_with_a_depends_on_param_gets_it_and_using_gives_the_option(
         parent = flow.enqueue(session, "step", {"n": 1})
         as_param = task.enqueue(session, depends_on="a param")
         as_option = task.using(depends_on=[parent]).enqueue(session, depends_on="still a param")
-        ids = as_param.id, as_option.id
+        step = flow.registered("step")
+        assert step is not None
+        with_options = step.using(priority=3).enqueue(session, n=5, depends_on=[parent])
+        ids = as_param.id, as_option.id, with_options.id
+    assert status(engine, ids[2]) is tq.TaskStatus.WAITING
     assert task_row(engine, ids[0]).params == {"depends_on": "a param"}
     assert status(engine, ids[0]) is tq.TaskStatus.QUEUED
     assert task_row(engine, ids[1]).params == {"depends_on": "still a param"}

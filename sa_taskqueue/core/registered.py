@@ -313,7 +313,11 @@ class TaskWithOptions:
         """Add a run of the task with ``params`` and these options to ``session`` (flushed, not committed).
 
         With an `AsyncSession`, a coroutine to await, as `TaskQueue.enqueue`.
+        ``depends_on`` and ``on_parent_failure`` among ``params`` are taken
+        as `RegisteredTask.enqueue` takes them, over these options.
         """
+        options: dict[str, Any] = {"depends_on": self.depends_on, "on_parent_failure": self.on_parent_failure}
+        options.update(self.task.workflow_options(params))
         return self.task.queue.enqueue(
             session,
             self.task.name,
@@ -323,8 +327,7 @@ class TaskWithOptions:
             run_at=self._run_at(),
             max_attempts=self.max_attempts,
             unique_key=self.unique_key,
-            depends_on=self.depends_on,
-            on_parent_failure=self.on_parent_failure,
+            **options,
         )
 
     @overload
