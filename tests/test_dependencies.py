@@ -25,6 +25,7 @@ from sqlalchemy.dialects import mysql, oracle, postgresql, sqlite
 from sqlalchemy.orm import Session
 
 import sa_taskqueue as tq
+from sa_taskqueue.core.batch_table import batch_table_of
 from sa_taskqueue.core.dependency_table import dependency_table_of
 from sa_taskqueue.core.types import utcnow
 from sa_taskqueue.features.workflows import bookkeeping
@@ -277,25 +278,49 @@ def test_cancelling_a_waiting_task_cascades_to_its_dependents(flow: tq.TaskQueue
         ids = parent.id, child.id, grandchild.id
     result = flow.cancel_task(ids[1])
     assert result.cancelled
+    assert result.status is tq.TaskStatus.WAITING
+    assert result.message == f"cancelled task {ids[1]}: it was waiting for its parents and will never run"
     assert status(engine, ids[1]) is tq.TaskStatus.CANCELLED
     assert status(engine, ids[2]) is tq.TaskStatus.CANCELLED
     assert status(engine, ids[0]) is tq.TaskStatus.QUEUED
 
 
+@pytest.mark.parametrize(
+    "finish", ["complete", "complete_many", "complete_many_and_claim", "complete_in", "fail", "fail_many"]
+)
 def test_a_dependent_added_while_its_parent_runs_is_released_by_the_plain_completion(
-    flow: tq.TaskQueue, engine: sa.Engine
+    flow: tq.TaskQueue, engine: sa.Engine, finish: str
 ) -> None:
     with Session(engine) as session, session.begin():
         parent_id = flow.enqueue(session, "step", {"n": 1}).id
-    [claimed] = flow.claim()
-    assert claimed.has_dependents is None, "claimed as a plain task"
+        other_id = flow.enqueue(session, "step", {"n": 9}).id
+    claimed = claim_all(flow)
+    assert all(task.has_dependents is None for task in claimed.values()), "claimed as plain tasks"
     with Session(engine) as session, session.begin():
         child_id = flow.enqueue(session, "step", {"n": 2}, depends_on=[parent_id]).id
     assert status(engine, child_id) is tq.TaskStatus.WAITING
-    # The worker completes it as the plain task it claimed: the completion itself releases the child.
-    assert flow.complete_many([claimed], [1]) == {parent_id}
-    assert status(engine, parent_id) is tq.TaskStatus.COMPLETED
-    assert status(engine, child_id) is tq.TaskStatus.QUEUED
+    parent, other = claimed[parent_id], claimed[other_id]
+    # The worker ends the parent as the plain task it claimed: that write itself settles the child.
+    if finish == "complete":
+        assert flow.complete(parent, 1)
+    elif finish == "complete_many":
+        assert flow.complete_many([other, parent], [9, 1]) == {parent_id, other_id}
+    elif finish == "complete_many_and_claim":
+        written, _ = flow.complete_many_and_claim([other, parent], [9, 1], limit=1)
+        assert written == {parent_id, other_id}
+    elif finish == "complete_in":
+        with engine.connect() as conn:
+            conn.begin()
+            assert flow.complete_in(conn, parent, 1)
+            conn.commit()
+    elif finish == "fail":
+        assert flow.fail(parent, "kaput", retry=False)
+    else:
+        assert flow.fail_many([other, parent], ["no", "kaput"], retry=False) == {parent_id, other_id}
+    ended = tq.TaskStatus.FAILED if finish.startswith("fail") else tq.TaskStatus.COMPLETED
+    assert status(engine, parent_id) is ended
+    expected = tq.TaskStatus.CANCELLED if ended is tq.TaskStatus.FAILED else tq.TaskStatus.QUEUED
+    assert status(engine, child_id) in (expected, tq.TaskStatus.RUNNING)  # (the claim may take it at once)
 
 
 def test_a_chain_runs_step_by_step_each_reading_the_result_before_it(
@@ -655,3 +680,32 @@ def test_a_waiting_task_is_never_claimed_by_a_running_worker_until_its_parent_co
         thread.join(30)
     assert order == ["parent started", "parent ends", "child started, parent completed"]
     assert task_row(engine, parent_id).result == "parent done"
+
+
+def test_batch_members_are_counted_once_in_the_transaction_of_their_final_write(
+    flow: tq.TaskQueue, engine: sa.Engine
+) -> None:
+    batches = batch_table_of(TABLE)
+    with engine.begin() as conn:
+        conn.execute(batches.insert().values(name="b", created_at=utcnow()))
+        batch_id = conn.execute(sa.select(batches.c.id)).scalar_one()
+    with Session(engine) as session, session.begin():
+        ok = tq.Task(name="step", params={"n": 1}, batch_id=batch_id)
+        bad = tq.Task(name="step", params={"n": 2}, batch_id=batch_id, max_attempts=1)
+        session.add_all([ok, bad])
+        session.flush()
+        waiting = tq.Task(name="step", params={"n": 3}, batch_id=batch_id, depends_on=[bad])
+        session.add(waiting)
+        session.flush()
+        ok_id, bad_id = ok.id, bad.id
+    claimed = claim_all(flow)
+    assert {task.batch_id for task in claimed.values()} == {batch_id}
+    assert flow.complete_many([claimed[ok_id]], [1]) == {ok_id}
+    assert not flow.complete(claimed[ok_id], 1), "written once: a second write finds it finished"
+    assert flow.fail(claimed[bad_id], "kaput")
+    with engine.connect() as conn:
+        counts = conn.execute(
+            sa.select(batches.c.total, batches.c.succeeded, batches.c.failed, batches.c.cancelled)
+        ).one()
+    # (total is the batch API's to count; the outcomes are counted here, the waiting member cancelled.)
+    assert tuple(counts)[1:] == (1, 1, 1)
