@@ -28,10 +28,11 @@ import sa_taskqueue as tq
 from sa_taskqueue.core.batch_table import batch_table_of
 from sa_taskqueue.core.dependency_table import dependency_table_of
 from sa_taskqueue.core.types import utcnow
+from sa_taskqueue.features.cancellation import write_cancelled
 from sa_taskqueue.features.workflows import bookkeeping
 from sa_taskqueue.features.workflows.dependencies import decide
 from sa_taskqueue.strategies.held_arrays import complete_from_arrays_statement
-from sa_taskqueue.strategies.lease import HELD_NOW, complete_many_statement, fail_many_statement
+from sa_taskqueue.strategies.lease import HELD_NOW, complete_many_statement, fail_many_statement, held_params
 from sa_taskqueue.strategies.skip_locked import SkipLockedStrategy
 from tests.app import make_queue
 from tests.backends import Backend
@@ -709,3 +710,43 @@ def test_batch_members_are_counted_once_in_the_transaction_of_their_final_write(
         ).one()
     # (total is the batch API's to count; the outcomes are counted here, the waiting member cancelled.)
     assert tuple(counts)[1:] == (1, 1, 1)
+
+
+@pytest.mark.parametrize("flag_at_claim", [True, False], ids=["dependent-first", "dependent-while-running"])
+def test_a_running_parent_stopped_by_a_cancel_cancels_its_dependents(
+    flow: tq.TaskQueue, engine: sa.Engine, flag_at_claim: bool
+) -> None:
+    with Session(engine) as session, session.begin():
+        parent = flow.enqueue(session, "step", {"n": 1})
+        parent_id = parent.id
+        if flag_at_claim:
+            child_id = flow.enqueue(session, "step", {"n": 2}, depends_on=[parent]).id
+    [claimed] = flow.claim()
+    assert bool(claimed.has_dependents) is flag_at_claim
+    if not flag_at_claim:
+        with Session(engine) as session, session.begin():
+            child_id = flow.enqueue(session, "step", {"n": 2}, depends_on=[parent_id]).id
+    # The worker's write once it has stopped the task (`sa_taskqueue.worker.cancelling`).
+    assert write_cancelled(flow.strategy, flow.engine, TABLE, claimed, utcnow())
+    assert status(engine, parent_id) is tq.TaskStatus.CANCELLED
+    child_row = task_row(engine, child_id)
+    assert child_row.status is tq.TaskStatus.CANCELLED
+    assert f"parent task {parent_id} was cancelled" in (child_row.last_error or "")
+
+
+def test_without_the_fence_a_dependent_added_while_its_parent_runs_would_wait_for_ever(
+    flow: tq.TaskQueue, engine: sa.Engine
+) -> None:
+    """The check of the race tests above can fail: the same completion, unfenced, strands the child."""
+    with Session(engine) as session, session.begin():
+        parent_id = flow.enqueue(session, "step", {"n": 1}).id
+    [claimed] = flow.claim()
+    with Session(engine) as session, session.begin():
+        child_id = flow.enqueue(session, "step", {"n": 2}, depends_on=[parent_id]).id
+    unfenced = complete_many_statement(TABLE, 1, False, returning=False, fenced=False)
+    params = {HELD_NOW: utcnow(), "finished_now": utcnow(), **held_params(claimed, suffix="_0")}
+    with engine.begin() as conn:
+        assert conn.execute(unfenced, params).rowcount == 1
+    assert status(engine, parent_id) is tq.TaskStatus.COMPLETED
+    assert status(engine, child_id) is tq.TaskStatus.WAITING
+    assert claim_all(flow) == {}, "nothing left to release it"
