@@ -29,6 +29,7 @@ from sa_taskqueue.core.exceptions import (
     FootingError,
     MalformedTask,
     ParamTypeError,
+    ParentNotFound,
     PoolTooSmall,
     ResultTimeout,
     SchemaMissing,
@@ -42,7 +43,7 @@ from sa_taskqueue.core.exceptions import (
 )
 from sa_taskqueue.core.model import Base, Task, TaskMixin, TaskStatus, metadata
 from sa_taskqueue.core.param_types import register_type
-from sa_taskqueue.core.registered import RegisteredTask, TaskWithOptions
+from sa_taskqueue.core.registered import RegisteredTask, TaskCall, TaskWithOptions
 from sa_taskqueue.features.cancellation import CancelResult, CancelState, TaskProgress
 from sa_taskqueue.features.live_workers import (
     LiveWorker,
@@ -91,6 +92,7 @@ __all__ = [
     "LiveWorker",
     "MalformedTask",
     "ParamTypeError",
+    "ParentNotFound",
     "PoolTooSmall",
     "RegisteredTask",
     "ResultTimeout",
@@ -101,6 +103,7 @@ __all__ = [
     "SyncCallOnEventLoop",
     "TableHealth",
     "Task",
+    "TaskCall",
     "TaskCancelled",
     "TaskContext",
     "TaskEvent",

@@ -165,6 +165,7 @@ class Seeded:
     failed: int
     cancelled: int
     worker_id: str
+    waiting: int = 0
 
 
 def enqueue(engine: sa.Engine, queue: tq.TaskQueue, name: str, params: dict[str, Any], **options: Any) -> int:
@@ -175,7 +176,7 @@ def enqueue(engine: sa.Engine, queue: tq.TaskQueue, name: str, params: dict[str,
 
 
 def seed(engine: sa.Engine, queue: tq.TaskQueue, *, extra_queued: int = 0) -> Seeded:
-    """A task in every status, written by the queue itself; queue "images" left paused.
+    """A task in every status, written by the queue itself (but the waiting one); queue "images" left paused.
 
     A real worker in burst mode runs two welcome mails to completion and one
     resize to its last failure (with the traceback the worker stores); a claim
@@ -206,6 +207,12 @@ def seed(engine: sa.Engine, queue: tq.TaskQueue, *, extra_queued: int = 0) -> Se
     if claims[-1] != [running]:
         raise AssertionError(f"the seed's claim took {claims[-1]}, not task {running}")
 
+    with Session(engine) as session, session.begin():
+        # Waits for the running task, which never ends here.
+        digest = tq.Task(name="mail.send_digest", queue="emails", params={}, depends_on=[running])
+        session.add(digest)
+        session.flush()
+        waiting = digest.id
     cancelled = enqueue(engine, queue, "mail.send_welcome", {"user_id": 4})
     if not queue.cancel(cancelled):
         raise AssertionError(f"the seed could not cancel task {cancelled}")
@@ -220,7 +227,7 @@ def seed(engine: sa.Engine, queue: tq.TaskQueue, *, extra_queued: int = 0) -> Se
             session.commit()
         queued = [id for id, status in statuses(engine).items() if status == "queued"]
     queue.pause("images")
-    return Seeded(queued, running, completed, failed, cancelled, worker_id)
+    return Seeded(queued, running, completed, failed, cancelled, worker_id, waiting)
 
 
 def statuses(engine: sa.Engine) -> dict[int, str]:

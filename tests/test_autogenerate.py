@@ -341,6 +341,8 @@ def test_autogenerate_upgrade_claim_no_drift_then_downgrade(
             f"{project.jobs}_control",
             f"{project.jobs}_workers",
             f"{project.jobs}_rate_limits",
+            f"{project.jobs}_dependencies",
+            f"{project.jobs}_batches",
             project.customers,
         ]
     )
@@ -360,6 +362,8 @@ def test_autogenerate_upgrade_claim_no_drift_then_downgrade(
         f"{project.jobs}_control",
         f"{project.jobs}_workers",
         f"{project.jobs}_rate_limits",
+        f"{project.jobs}_dependencies",
+        f"{project.jobs}_batches",
         project.customers,
     }
 
@@ -419,8 +423,9 @@ def test_autogenerate_upgrade_claim_no_drift_then_downgrade(
 ADDED_COLUMNS = (
     "unique_key", "concurrency_key", "concurrency_slot", "active_unique_key", "running_slot_key", "headers",
     "cancel_requested_at", "cancelled_by", "progress", "progress_note", "progress_at",
+    "batch_id", "parents_pending", "on_parent_failure", "has_dependents",
 )  # fmt: skip
-ADDED_INDEXES = ("ix_{table}_finished", "ux_{table}_unique", "ux_{table}_slot")
+ADDED_INDEXES = ("ix_{table}_finished", "ux_{table}_unique", "ux_{table}_slot", "ix_{table}_batch")
 
 
 def _make_0_1_table(engine: sa.Engine, table: sa.Table) -> None:
@@ -460,7 +465,13 @@ def test_autogenerate_brings_a_0_1_table_to_the_current_mixin_without_losing_tas
         assert any(op.startswith("op.add_column(") and f"'{column}'" in op for op in operations), column
     for index in ADDED_INDEXES:
         assert any(f"'{index.format(table=project.jobs)}'" in op for op in operations), index
-    for table in (f"{project.jobs}_control", f"{project.jobs}_workers", f"{project.jobs}_rate_limits"):
+    for table in (
+        f"{project.jobs}_control",
+        f"{project.jobs}_workers",
+        f"{project.jobs}_rate_limits",
+        f"{project.jobs}_dependencies",
+        f"{project.jobs}_batches",
+    ):
         assert any(op.startswith("op.create_table(") and f"'{table}'" in op for op in operations), table
     if backend.is_postgres:
         # Only a stored generated column can be indexed there.

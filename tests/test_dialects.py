@@ -401,8 +401,11 @@ def test_task_mixin_maps_on_an_applications_own_base(engine: sa.Engine) -> None:
         "ix_app_tasks_finished",
         "ux_app_tasks_unique",
         "ux_app_tasks_slot",
+        "ix_app_tasks_batch",
     }
     assert "app_tasks_control" in AppBase.metadata.tables
+    assert "app_tasks_dependencies" in AppBase.metadata.tables
+    assert "app_tasks_batches" in AppBase.metadata.tables
     AppBase.metadata.drop_all(engine)
     AppBase.metadata.create_all(engine)
     try:

@@ -44,6 +44,11 @@ TASK_TABLE = "sa_taskqueue_task"
 CONTROL_TABLE = "sa_taskqueue_task_control"
 WORKER_TABLE = "sa_taskqueue_task_workers"
 RATE_LIMIT_TABLE = "sa_taskqueue_task_rate_limits"
+DEPENDENCY_TABLE = "sa_taskqueue_task_dependencies"
+BATCH_TABLE = "sa_taskqueue_task_batches"
+
+#: Every status a task could have before the workflows' revision added ``waiting``.
+STATUSES_BEFORE_WORKFLOWS = tuple(status for status in TaskStatus if status is not TaskStatus.WAITING)
 
 #: The revision that creates the table; later ones change it.
 FIRST_REVISION = "b78c74731220"
@@ -156,7 +161,7 @@ def _schema_diff(connection: sa.Connection) -> list[Any]:
 def _reflect(engine: sa.Engine) -> dict[str, Any]:
     """The task table and its control table as the database reports them, in comparable form."""
     tables = {TASK_TABLE: _reflect_table(engine, TASK_TABLE)}
-    for extra in (CONTROL_TABLE, WORKER_TABLE, RATE_LIMIT_TABLE):
+    for extra in (CONTROL_TABLE, WORKER_TABLE, RATE_LIMIT_TABLE, DEPENDENCY_TABLE, BATCH_TABLE):
         if sa.inspect(engine).has_table(extra):
             tables[extra] = _reflect_table(engine, extra)
     return tables
@@ -208,6 +213,8 @@ def _assert_head_matches_model(engine: sa.Engine, downgrade: Callable[[], None])
     assert not sa.inspect(engine).has_table(CONTROL_TABLE)
     assert not sa.inspect(engine).has_table(WORKER_TABLE)
     assert not sa.inspect(engine).has_table(RATE_LIMIT_TABLE)
+    assert not sa.inspect(engine).has_table(DEPENDENCY_TABLE)
+    assert not sa.inspect(engine).has_table(BATCH_TABLE)
 
     # The same table made from the model, reflected the same way.
     sa_taskqueue.metadata.create_all(engine)
@@ -301,12 +308,12 @@ def test_upgrading_the_0_1_schema_keeps_every_task_and_downgrading_restores_it(
             "last_error": "ValueError: kaput" if status is TaskStatus.FAILED else None,
             "result": {"ok": True} if status is TaskStatus.COMPLETED else None,
         }
-        for index, status in enumerate(TaskStatus)
+        for index, status in enumerate(STATUSES_BEFORE_WORKFLOWS)
     ]  # fmt: skip
     with form_engine.begin() as connection:
         connection.execute(task.insert(), rows)
         before = connection.execute(sa.select(*old_columns).order_by(task.c.id)).all()
-    assert {row.status for row in before} == set(TaskStatus)
+    assert {row.status for row in before} == set(STATUSES_BEFORE_WORKFLOWS)
 
     migrate.upgrade(url_form)
     form_engine.dispose()
@@ -409,12 +416,12 @@ def test_upgrading_from_the_scheduling_controls_adds_the_later_columns_and_worke
             "unique_key": f"u{index}", "concurrency_key": "k",
             "concurrency_slot": 0 if status is TaskStatus.RUNNING else None,
         }
-        for index, status in enumerate(TaskStatus)
+        for index, status in enumerate(STATUSES_BEFORE_WORKFLOWS)
     ]  # fmt: skip
     with form_engine.begin() as connection:
         connection.execute(task.insert(), rows)
         before = connection.execute(sa.select(*kept).order_by(task.c.id)).all()
-    assert {row.status for row in before} == set(TaskStatus)
+    assert {row.status for row in before} == set(STATUSES_BEFORE_WORKFLOWS)
 
     migrate.upgrade(url_form)
     form_engine.dispose()
@@ -462,12 +469,12 @@ def test_upgrading_from_cancel_and_progress_adds_the_rate_limit_table_keeping_ev
             "unique_key": f"u{index}", "concurrency_key": "k", "headers": {"h": index},
             "progress": 0.5 if status is TaskStatus.RUNNING else None,
         }
-        for index, status in enumerate(TaskStatus)
+        for index, status in enumerate(STATUSES_BEFORE_WORKFLOWS)
     ]  # fmt: skip
     with form_engine.begin() as connection:
         connection.execute(task.insert(), rows)
         before = connection.execute(sa.select(*kept).order_by(task.c.id)).all()
-    assert {row.status for row in before} == set(TaskStatus)
+    assert {row.status for row in before} == set(STATUSES_BEFORE_WORKFLOWS)
 
     migrate.upgrade(url_form)
     form_engine.dispose()
@@ -489,3 +496,105 @@ def test_upgrading_from_cancel_and_progress_adds_the_rate_limit_table_keeping_ev
     assert _reflect(form_engine) == schema_before
     with form_engine.connect() as connection:
         assert connection.execute(sa.select(*kept).order_by(task.c.id)).all() == before
+
+
+#: The rate-limit revision: the head before workflows.
+RATE_LIMITS = "f3a8d2c5b7e1"
+
+
+@pytest.mark.usefixtures("clean_database")
+def test_upgrading_from_rate_limits_adds_the_workflow_columns_and_tables_keeping_every_task(
+    url_form: str, form_engine: sa.Engine
+) -> None:
+    migrate.upgrade(url_form, RATE_LIMITS)
+    form_engine.dispose()
+    schema_before = _reflect(form_engine)
+    assert not sa.inspect(form_engine).has_table(DEPENDENCY_TABLE)
+    assert not sa.inspect(form_engine).has_table(BATCH_TABLE)
+    task = sa_taskqueue.metadata.tables[TASK_TABLE]
+    kept = [
+        task.c[name]
+        for name in (*COLUMNS_0_1, "unique_key", "concurrency_key", "headers", "progress", "cancelled_by")
+    ]
+    now = datetime.now(UTC)
+    rows = [
+        {
+            "name": f"tests.{status.value}", "queue": "default", "priority": index, "params": {"n": index},
+            "status": status, "run_at": now, "attempts": 1, "max_attempts": 3, "created_at": now,
+            "finished_at": now if status in FINISHED_STATUSES else None,
+            "locked_by": "host:1:ab" if status is TaskStatus.RUNNING else None,
+            "locked_until": now if status is TaskStatus.RUNNING else None,
+            "last_error": "ValueError: kaput" if status is TaskStatus.FAILED else None,
+            "result": {"ok": True} if status is TaskStatus.COMPLETED else None,
+            "unique_key": f"u{index}", "concurrency_key": "k", "headers": {"h": index},
+            "progress": 0.5 if status is TaskStatus.RUNNING else None,
+            "cancelled_by": "ops" if status is TaskStatus.CANCELLED else None,
+        }
+        for index, status in enumerate(STATUSES_BEFORE_WORKFLOWS)
+    ]  # fmt: skip
+    with form_engine.begin() as connection:
+        connection.execute(task.insert(), rows)
+        before = connection.execute(sa.select(*kept).order_by(task.c.id)).all()
+    assert {row.status for row in before} == set(STATUSES_BEFORE_WORKFLOWS)
+
+    migrate.upgrade(url_form)
+    form_engine.dispose()
+    edges = sa_taskqueue.metadata.tables[DEPENDENCY_TABLE]
+    batches = sa_taskqueue.metadata.tables[BATCH_TABLE]
+    workflow = (task.c.batch_id, task.c.parents_pending, task.c.on_parent_failure, task.c.has_dependents)
+    with form_engine.begin() as connection:
+        assert connection.execute(sa.select(*kept).order_by(task.c.id)).all() == before
+        assert connection.execute(sa.select(*workflow)).all() == [(None, None, None, None)] * len(before)
+        assert _schema_diff(connection) == []
+        assert _current_revision(connection) == _head_revision()
+        # The new tables take rows: a batch (its counts default to 0) and a
+        # waiting task's edge; the new columns take values.
+        connection.execute(batches.insert().values(name="nightly", created_at=now))
+        batch_id = connection.execute(sa.select(batches.c.id)).scalar_one()
+        assert connection.execute(
+            sa.select(batches.c.total, batches.c.succeeded, batches.c.failed, batches.c.cancelled)
+        ).one() == (0, 0, 0, 0)
+        parent_id, child_id = connection.execute(sa.select(task.c.id).order_by(task.c.id).limit(2)).scalars()
+        connection.execute(edges.insert().values(parent_id=parent_id, child_id=child_id))
+        connection.execute(
+            task.update()
+            .where(task.c.id == child_id)
+            .values(status=TaskStatus.WAITING, parents_pending=1, on_parent_failure="run", batch_id=batch_id)
+        )
+        connection.execute(task.update().where(task.c.id == parent_id).values(has_dependents=True))
+        assert connection.execute(sa.select(*workflow).where(task.c.id == child_id)).one() == (
+            batch_id,
+            1,
+            "run",
+            None,
+        )
+        assert connection.execute(sa.select(task.c.has_dependents).where(task.c.id == parent_id)).scalar_one()
+
+    migrate.downgrade(url_form, RATE_LIMITS)
+    form_engine.dispose()
+    assert _reflect(form_engine) == schema_before
+    with form_engine.connect() as connection:
+        after = connection.execute(sa.select(*kept).order_by(task.c.id)).all()
+    # Every task kept; the one left waiting is queued again, as nothing would release it.
+    waiting = next(index for index, row in enumerate(before) if row.id == child_id)
+    assert after[waiting].status == TaskStatus.QUEUED
+    assert [row for index, row in enumerate(after) if index != waiting] == [
+        row for index, row in enumerate(before) if index != waiting
+    ]
+
+
+def test_the_workflows_revision_compiles_for_oracle(capsys: pytest.CaptureFixture[str]) -> None:
+    """Oracle's DDL of the workflows revision, as alembic's offline mode writes it (no server needed)."""
+    from alembic import command
+
+    config = migrate.alembic_config("oracle+oracledb://user:secret@localhost/none")
+    command.upgrade(config, f"{RATE_LIMITS}:{_head_revision()}", sql=True)
+    script = " ".join(capsys.readouterr().out.split())
+    for column in ("batch_id NUMBER(19)", "parents_pending INTEGER", "on_parent_failure VARCHAR2(16 CHAR)"):
+        assert f"ALTER TABLE sa_taskqueue_task ADD {column}" in script, column
+    assert "ALTER TABLE sa_taskqueue_task ADD has_dependents" in script
+    assert "CREATE INDEX ix_sa_taskqueue_task_batch ON sa_taskqueue_task (batch_id)" in script
+    assert "CREATE TABLE sa_taskqueue_task_dependencies ( parent_id NUMBER(19) NOT NULL" in script
+    assert "PRIMARY KEY (parent_id, child_id)" in script
+    assert "CREATE TABLE sa_taskqueue_task_batches ( id NUMBER(19) GENERATED BY DEFAULT AS IDENTITY" in script
+    assert "total INTEGER DEFAULT 0 NOT NULL" in script

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     ColumnElement,
     Computed,
     Enum,
@@ -30,7 +32,9 @@ from sqlalchemy.sql.compiler import DDLCompiler, SQLCompiler
 from sqlalchemy.sql.visitors import InternalTraversal
 
 from sa_taskqueue.backends import backend_for, dialects_with, partial_index_dialects
+from sa_taskqueue.core.batch_table import batch_table
 from sa_taskqueue.core.control import control_table
+from sa_taskqueue.core.dependency_table import dependency_table
 from sa_taskqueue.core.rate_limit_table import rate_limit_table
 from sa_taskqueue.core.types import JSONDocument, LongText, UTCDateTime, utcnow
 from sa_taskqueue.core.worker_table import worker_table
@@ -39,6 +43,9 @@ from sa_taskqueue.core.worker_table import worker_table
 class TaskStatus(enum.StrEnum):
     """Where a task is in its life.  Stored as a plain string, never a native enum."""
 
+    #: Enqueued with ``depends_on``: some parent has not finished yet.  Out of
+    #: the claim index; the last parent to finish moves it to QUEUED.
+    WAITING = "waiting"
     QUEUED = "queued"
     RUNNING = "running"
     COMPLETED = "completed"
@@ -55,6 +62,7 @@ CANCELLED_BY_LENGTH = 255
 STATUS_LENGTH = 16
 UNIQUE_KEY_LENGTH = 255
 CONCURRENCY_KEY_LENGTH = 255
+ON_PARENT_FAILURE_LENGTH = 16
 # "<length of name>:<name><unique key>" and "<concurrency key>#<slot>": the
 # generated columns the unique indexes hold (MySQL's 3072-byte key limit
 # allows 768 four-byte characters).
@@ -218,6 +226,21 @@ class TaskMixin:
     progress: Mapped[float | None] = mapped_column(Float)
     progress_note: Mapped[Any | None] = mapped_column(JSONDocument)
     progress_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    #: The batch the task belongs to, fixed when it is enqueued; NULL for a
+    #: task outside any batch.
+    batch_id: Mapped[int | None] = mapped_column(BigInteger)
+    #: While the task is WAITING, how many of its parents have not finished.
+    parents_pending: Mapped[int | None] = mapped_column(Integer)
+    #: What a parent that ends failed or cancelled does to this task:
+    #: ``"cancel"`` (NULL means the same, the default) or ``"run"``.
+    on_parent_failure: Mapped[str | None] = mapped_column(
+        String(ON_PARENT_FAILURE_LENGTH).with_variant(
+            String(), *dialects_with("appended_columns_without_length")
+        )
+    )
+    #: Set when the first dependent of this task is enqueued: its final
+    #: write then goes through the workflow bookkeeping, which releases them.
+    has_dependents: Mapped[bool | None] = mapped_column(Boolean)
 
     @declared_attr.directive
     @classmethod
@@ -230,6 +253,9 @@ class TaskMixin:
         worker_table(cls.metadata, table)  # type: ignore[attr-defined]
         # And the rate limits' recent starts.
         rate_limit_table(cls.metadata, table)  # type: ignore[attr-defined]
+        # And the workflows' dependency edges and batches.
+        dependency_table(cls.metadata, table)  # type: ignore[attr-defined]
+        batch_table(cls.metadata, table)  # type: ignore[attr-defined]
         return (
             # The claim walks this index in claim order.  On PostgreSQL and
             # SQLite it holds queued rows only, so millions of finished rows
@@ -246,10 +272,54 @@ class TaskMixin:
             # and the partial indexes leave them out altogether.
             Index(f"ux_{table}_unique", "active_unique_key", unique=True, **_non_null("active_unique_key")),
             Index(f"ux_{table}_slot", "running_slot_key", unique=True, **_non_null("running_slot_key")),
+            # A batch's members are listed per batch; most tasks have none.
+            Index(f"ix_{table}_batch", "batch_id", **_non_null("batch_id")),
         )
+
+    @property
+    def depends_on(self) -> list[TaskMixin | int] | None:
+        """The parents this new task waits for (``Task(..., depends_on=[parent, parent_id])``), until flushed.
+
+        Not a column: a new row given parents is written WAITING by its
+        flush, with one edge per parent in the dependency table
+        (`sa_taskqueue.features.workflows.dependencies`).  None once flushed,
+        and for a row loaded from the database.
+        """
+        return self.__dict__.get(PARENTS_KEY)
+
+    @depends_on.setter
+    def depends_on(self, parents: Iterable[TaskMixin | int] | None) -> None:
+        self.__dict__[PARENTS_KEY] = None if parents is None else check_parents(parents)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} id={self.id} name={self.name!r} status={self.status}>"
+
+
+#: Where a task row object keeps the parents it was given (`TaskMixin.depends_on`) until its flush.
+PARENTS_KEY = "_sa_taskqueue_depends_on"
+
+
+def check_parents(depends_on: Any) -> list[TaskMixin | int]:
+    """``depends_on`` as a list of parents (task row objects or task ids); a clear error if it is not."""
+    if isinstance(depends_on, TaskMixin | int) and not isinstance(depends_on, bool):
+        raise TypeError(
+            f"depends_on must be a list of tasks or task ids, got a single {type(depends_on).__name__}: "
+            "write depends_on=[parent]"
+        )
+    if isinstance(depends_on, str | bytes) or not isinstance(depends_on, Iterable):
+        raise TypeError(f"depends_on must be a list of tasks or task ids, got {depends_on!r}")
+    parents: list[TaskMixin | int] = []
+    for parent in depends_on:
+        if isinstance(parent, TaskMixin):
+            parents.append(parent)
+        elif isinstance(parent, bool) or not isinstance(parent, int) or not 1 <= parent <= ID_MAX:
+            raise TypeError(
+                f"depends_on must hold tasks (the rows enqueue returns) or task ids (positive integers), "
+                f"got {parent!r}"
+            )
+        else:
+            parents.append(parent)
+    return parents
 
 
 def _only(*statuses: TaskStatus) -> dict[str, Any]:
@@ -321,6 +391,7 @@ __all__ = [
     "Task",
     "TaskMixin",
     "TaskStatus",
+    "check_parents",
     "has_status",
     "metadata",
 ]

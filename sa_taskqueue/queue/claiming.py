@@ -19,6 +19,7 @@ from sa_taskqueue.core.claimed import ClaimedTask
 from sa_taskqueue.core.claimed_params import json_loads
 from sa_taskqueue.features.concurrency import ConcurrencyClaims
 from sa_taskqueue.features.pausing import QueuePauses
+from sa_taskqueue.features.workflows.bookkeeping import after_final
 from sa_taskqueue.health.explain import explain
 from sa_taskqueue.queue.parts import QueueParts
 from sa_taskqueue.strategies.base import ClaimStrategy
@@ -148,7 +149,8 @@ class Claims:
         now = parts.clock()
         # (A pass another node's write beat at commit gave nothing back: the next pass looks again.)
         recovered = parts.certified(
-            lambda: parts.call(lambda: strategy.recover(parts.engine, parts.table, now)), lost=lambda: 0
+            lambda: parts.call(lambda: strategy.recover(parts.engine, parts.table, now, after_final)),
+            lost=lambda: 0,
         )
         if recovered:
             logger.warning("recovered %d task(s) from workers that are gone", recovered)

@@ -5,16 +5,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeGuard, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast, overload
 from zoneinfo import ZoneInfo
 
 from sqlalchemy import URL, Engine, Table
-from sqlalchemy.orm import Session, scoped_session, sessionmaker
+from sqlalchemy.orm import Session, sessionmaker
 
 from sa_taskqueue.backends import backend_for
-from sa_taskqueue.core import validation
 from sa_taskqueue.core.concurrency import KeySpec
 from sa_taskqueue.core.event_loop_bridge import asyncio_extension
 from sa_taskqueue.core.events import EventStream
@@ -22,7 +21,6 @@ from sa_taskqueue.core.exceptions import FootingReport
 from sa_taskqueue.core.model import Task, TaskMixin, TaskStatus
 from sa_taskqueue.core.registered import DEFAULT_RETRY_DELAY, RegisteredTask
 from sa_taskqueue.core.types import utcnow
-from sa_taskqueue.core.unawaited import EnqueueCoroutine
 from sa_taskqueue.features import retention as retention_rows
 from sa_taskqueue.features.concurrency import ConcurrencyClaims
 from sa_taskqueue.features.live_workers import LiveWorkers
@@ -36,6 +34,7 @@ from sa_taskqueue.queue.attached import run_attached
 from sa_taskqueue.queue.cancelling import RunningTaskControl
 from sa_taskqueue.queue.claiming import Claims
 from sa_taskqueue.queue.claims_and_outcomes import ClaimsAndOutcomes
+from sa_taskqueue.queue.enqueue_methods import EnqueueMethods
 from sa_taskqueue.queue.enqueuing import Enqueuing
 from sa_taskqueue.queue.live import LiveWorkersListing
 from sa_taskqueue.queue.outcomes import Outcomes
@@ -45,7 +44,7 @@ from sa_taskqueue.strategies import registry
 from sa_taskqueue.strategies.base import ClaimStrategy
 
 if TYPE_CHECKING:
-    from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_scoped_session, async_sessionmaker
+    from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
     from sa_taskqueue.worker.worker import Worker
 
@@ -60,7 +59,7 @@ DEFAULT_LEASE = timedelta(minutes=5)
 DEFAULT_MAX_RETRY_DELAY = timedelta(hours=1)
 
 
-class TaskQueue(ClaimsAndOutcomes, LiveWorkersListing, RunningTaskControl):
+class TaskQueue(EnqueueMethods, ClaimsAndOutcomes, LiveWorkersListing, RunningTaskControl):
     """A task queue on one table of one database.
 
     ``bind`` is an `Engine` or a `sessionmaker` bound to one, or an
@@ -301,147 +300,6 @@ class TaskQueue(ClaimsAndOutcomes, LiveWorkersListing, RunningTaskControl):
         """The names of every task registered with this queue, sorted."""
         return sorted(self._tasks)
 
-    # Enqueue ---------------------------------------------------------------
-
-    @overload
-    def enqueue(
-        self,
-        session: Session | scoped_session[Any],
-        name: str,
-        params: dict[str, Any] | None = None,
-        *,
-        queue: str | None = None,
-        priority: int | None = None,
-        run_at: datetime | None = None,
-        max_attempts: int | None = None,
-        unique_key: str | None = None,
-    ) -> TaskMixin: ...
-
-    @overload
-    def enqueue(
-        self,
-        session: AsyncSession | async_scoped_session[Any],
-        name: str,
-        params: dict[str, Any] | None = None,
-        *,
-        queue: str | None = None,
-        priority: int | None = None,
-        run_at: datetime | None = None,
-        max_attempts: int | None = None,
-        unique_key: str | None = None,
-    ) -> Coroutine[Any, Any, TaskMixin]: ...
-
-    def enqueue(
-        self,
-        session: Session | scoped_session[Any] | AsyncSession | async_scoped_session[Any],
-        name: str,
-        params: dict[str, Any] | None = None,
-        *,
-        queue: str | None = None,
-        priority: int | None = None,
-        run_at: datetime | None = None,
-        max_attempts: int | None = None,
-        unique_key: str | None = None,
-    ) -> TaskMixin | Coroutine[Any, Any, TaskMixin]:
-        """Add a task to the caller's ``session`` and flush it; the caller commits.
-
-        The task exists exactly when the caller's transaction commits.  Every
-        argument is checked before anything touches the database.  With an
-        `AsyncSession` (or an `async_scoped_session`) it returns a coroutine
-        to await (``task = await queue.enqueue(async_session, ...)``); the
-        checks have run, and raised, before it is returned.  One dropped
-        without being awaited adds nothing, and logs an ERROR that says so.
-
-        With a ``unique_key`` (or one derived from the task's ``unique_by``),
-        while a task of this name and key is queued or running nothing is
-        written and that task is returned, loaded in ``session``
-        (`sa_taskqueue.features.unique`).
-        """
-        values = self._enqueuing.task_values(name, params, queue, priority, run_at, max_attempts, unique_key)
-        if _is_async_session(session):
-            return EnqueueCoroutine(
-                _in_async_session(session, lambda sync_session: self._enqueuing.add(sync_session, values)),
-                f"the enqueue of task {name!r}",
-            )
-        return self._enqueuing.add(cast("Session", session), values)
-
-    @overload
-    def enqueue_many(
-        self,
-        session: Session | scoped_session[Any],
-        name: str,
-        params_list: Iterable[dict[str, Any] | None],
-        *,
-        queue: str | None = None,
-        priority: int | None = None,
-        run_at: datetime | None = None,
-        max_attempts: int | None = None,
-        chunk_size: int = 1000,
-        unique_key: str | None = None,
-    ) -> list[int] | None: ...
-
-    @overload
-    def enqueue_many(
-        self,
-        session: AsyncSession | async_scoped_session[Any],
-        name: str,
-        params_list: Iterable[dict[str, Any] | None],
-        *,
-        queue: str | None = None,
-        priority: int | None = None,
-        run_at: datetime | None = None,
-        max_attempts: int | None = None,
-        chunk_size: int = 1000,
-        unique_key: str | None = None,
-    ) -> Coroutine[Any, Any, list[int] | None]: ...
-
-    def enqueue_many(
-        self,
-        session: Session | scoped_session[Any] | AsyncSession | async_scoped_session[Any],
-        name: str,
-        params_list: Iterable[dict[str, Any] | None],
-        *,
-        queue: str | None = None,
-        priority: int | None = None,
-        run_at: datetime | None = None,
-        max_attempts: int | None = None,
-        chunk_size: int = 1000,
-        unique_key: str | None = None,
-    ) -> list[int] | Coroutine[Any, Any, list[int] | None] | None:
-        """Add one task per params dict in the caller's transaction; the caller commits.
-
-        One multi-row INSERT per ``chunk_size`` tasks, without ORM objects;
-        on PostgreSQL with psycopg 3, from ``bulk_insert.COPY_THRESHOLD``
-        tasks, one ``COPY`` for them all, which SQLAlchemy's cursor events do
-        not see (see `sa_taskqueue.core.bulk_insert`).
-        Every argument is checked before the first row is sent.  Returns the
-        new ids in order, or None where the database cannot return them from
-        a multi-row INSERT (MySQL).  With an `AsyncSession` it returns a
-        coroutine to await, once every row has been checked.
-
-        Rows with a unique key (``unique_key``, or the task's ``unique_by``)
-        go one INSERT each, as ``enqueue`` writes them; a row whose key is
-        held, by an earlier row of the call or by a queued or running task,
-        gets that task's id.
-        """
-        validation.check_positive_int("chunk_size", chunk_size)
-        params_list = list(params_list)
-        if unique_key is not None and len(params_list) > 1:
-            # One key for every row would keep the first row and drop the rest: not what was meant.
-            raise ValueError(
-                f"unique_key gives {len(params_list)} rows one key, so all but the first would be dropped; "
-                "register the task with unique_by=(...) to key each row by its params"
-            )
-        rows = self._enqueuing.many_task_values(
-            name, params_list, queue, priority, run_at, max_attempts, unique_key
-        )
-        if _is_async_session(session):
-            return EnqueueCoroutine(
-                _in_async_session(session, lambda sync: self._enqueuing.insert(sync, rows, chunk_size)),
-                f"the enqueue_many of {len(rows)} run(s) of task {name!r}",
-            )
-        return self._enqueuing.insert(cast("Session", session), rows, chunk_size)
-
     def explain_claim(self, *, limit: int = 10, queues: Sequence[str] | None = None) -> str:
         """The database's plan for the statement a claim runs to find its rows (nothing is claimed).
 
@@ -679,23 +537,3 @@ def _engine_of(bind: object) -> tuple[Engine, bool]:
         "bind must be an Engine, an AsyncEngine, or a sessionmaker or async_sessionmaker bound to one, "
         f"got {type(bind).__name__}"
     )
-
-
-def _is_async_session(session: object) -> TypeGuard[AsyncSession | async_scoped_session[Any]]:
-    ext = asyncio_extension()
-    return ext is not None and isinstance(session, ext.AsyncSession | ext.async_scoped_session)
-
-
-async def _in_async_session(
-    session: AsyncSession | async_scoped_session[Any], work: Callable[[Session], T]
-) -> T:
-    """``work(sync_session)`` in the async session's greenlet, on the caller's loop and connection.
-
-    The same code as a sync enqueue, so a task added this way is checked,
-    flushed and announced (NOTIFY) exactly as one added with a `Session`.
-    """
-    # An async_scoped_session proxies to the AsyncSession of the current scope.
-    ext = asyncio_extension()
-    assert ext is not None  # an async session exists, so its module was imported
-    target = cast("AsyncSession", session() if isinstance(session, ext.async_scoped_session) else session)
-    return await target.run_sync(work)
