@@ -318,6 +318,10 @@ class TaskWithOptions:
             unique_key=self.unique_key,
         )
 
+    def due(self) -> datetime | None:
+        """When an enqueue made now through these options is due: ``run_at``, now plus ``delay``, or None."""
+        return self._run_at()
+
     def _run_at(self) -> datetime | None:
         if self.delay is None:
             return self.run_at

@@ -7,6 +7,7 @@ INSERTs or COPY for `enqueue_many`) and exist exactly when it commits.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -17,6 +18,7 @@ from sqlalchemy.orm import Session
 
 from sa_taskqueue.core import validation
 from sa_taskqueue.core.at_commit import emit_at_commit
+from sa_taskqueue.core.batch_members import count_members, uncount_members
 from sa_taskqueue.core.bulk_insert import insert_rows
 from sa_taskqueue.core.events import EnqueueEvent, EventKind, EventStream, TaskEvent
 from sa_taskqueue.core.exceptions import missing_table_errors
@@ -110,7 +112,7 @@ class Enqueuing:
             if "unique_key" in rows[0]:  # (a key for one row is a key for all: unique_key or unique_by)
                 ids, new = unique.add_many_or_find(session, table, rows)
             else:
-                ids = insert_rows(session.connection(), table, rows, chunk_size=chunk_size)
+                ids = self._insert_rows(session, rows, chunk_size)
                 queues = (
                     rows.distinct("queue") if isinstance(rows, TaskRows) else {row["queue"] for row in rows}
                 )
@@ -123,6 +125,24 @@ class Enqueuing:
         if self._events.wants(EventKind.ENQUEUED):
             self._enqueued_at_commit(session, [(None if ids is None else ids[i], rows[i]) for i in new])
         return ids
+
+    def _insert_rows(
+        self, session: Session, rows: Sequence[Mapping[str, Any]], chunk_size: int
+    ) -> list[int] | None:
+        """The rows inserted; members of a batch counted into it first (`BatchClosed`: nothing written)."""
+        table = self._parts.table
+        connection = session.connection(bind_arguments={"clause": table})
+        batch_id = rows[0].get("batch_id")  # (one batch for all rows of a call)
+        if batch_id is None:
+            return insert_rows(connection, table, rows, chunk_size=chunk_size)
+        count_members(connection, table, {batch_id: len(rows)})
+        try:
+            return insert_rows(connection, table, rows, chunk_size=chunk_size)
+        except BaseException:
+            # A transaction a failed INSERT leaves usable (MySQL, SQLite) must not keep the count.
+            with contextlib.suppress(Exception):
+                uncount_members(connection, table, batch_id, len(rows))
+            raise
 
     def _enqueuing(self, name: str, queue: str, count: int) -> EnqueueEvent | None:
         """``ENQUEUING`` emitted, if anyone listens, before the rows are written: with what was added."""
