@@ -8,6 +8,7 @@ locks from a second connection.
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from sa_taskqueue.features.workflows import batches
 from sa_taskqueue.features.workflows.batches import BatchSummary
 from tests.app import queue_bind
 from tests.backends import Backend
-from tests.helpers import MovableClock
+from tests.helpers import MovableClock, run_cli
 
 
 @dataclass(frozen=True)
@@ -358,3 +359,59 @@ def test_batches_are_listed_newest_first(bq: tq.TaskQueue, engine: sa.Engine) ->
     assert bq.batch_state(ids[0]).as_json()["status"] == "finished"
     with pytest.raises(tq.BatchNotFound, match="no batch with id"):
         bq.batch_state(ids[2] + 1)
+
+
+# The command line -----------------------------------------------------------------------------
+
+
+def test_the_command_line_lists_batches_and_shows_one(
+    bq: tq.TaskQueue, engine: sa.Engine, backend: Backend
+) -> None:
+    with Session(engine) as session:
+        with bq.batch(session, "reports", on_failure=(bq.registered("done"), {"channel": "#ops"})) as batch:
+            batch.enqueue_many("member", [{"n": n} for n in range(3)])
+        still_open = bq.batch(session, "open one")
+        assert isinstance(still_open, tq.Batch)
+        session.commit()
+    finish(engine, batch.id, tq.TaskStatus.COMPLETED, tq.TaskStatus.FAILED)
+
+    listed = run_cli("batches", "--json", url=backend.url)
+    assert listed.returncode == 0, listed.stderr
+    rows = json.loads(listed.stdout)
+    assert [row["id"] for row in rows] == [still_open.id, batch.id]
+    assert rows[1] | {"created_at": None} == rows[1] | {
+        "name": "reports",
+        "status": "closed",
+        "outcome": None,
+        "total": 3,
+        "succeeded": 1,
+        "failed": 1,
+        "cancelled": 0,
+        "pending": 1,
+        "created_at": None,
+    }
+    table = run_cli("batches", url=backend.url, COLUMNS="200")
+    assert table.returncode == 0, table.stderr
+    assert "reports" in table.stdout and "open one" in table.stdout
+
+    shown = run_cli("batch", str(batch.id), "--json", url=backend.url)
+    assert shown.returncode == 0, shown.stderr
+    one = json.loads(shown.stdout)
+    assert one["members"] == {"queued": 3}  # the test counted outcomes without running the members
+    assert one["callbacks"] == [
+        {
+            "on": "failure",
+            "name": "done",
+            "queue": "default",
+            "priority": 0,
+            "max_attempts": 3,
+            "params": {"channel": "#ops"},
+        }
+    ]
+    text = run_cli("batch", str(batch.id), url=backend.url, COLUMNS="200")
+    assert text.returncode == 0, text.stderr
+    assert "pending" in text.stdout and "#ops" in text.stdout
+
+    missing = run_cli("batch", str(still_open.id + 100), url=backend.url)
+    assert missing.returncode == 1
+    assert f"no batch {still_open.id + 100}" in missing.stderr

@@ -416,6 +416,19 @@ def listing(
     return [_state(row) for row in conn.execute(query)]
 
 
+def member_statuses(conn: Connection, table: Table, batch_id: int) -> dict[str, int]:
+    """How many members the batch has in each status now (those retention has not deleted).
+
+    One ``GROUP BY status`` over the batch's members, which the ``batch_id``
+    index finds; for people (the command line, the dashboard), not for the
+    bookkeeping, which never counts rows.
+    """
+    rows = conn.execute(
+        select(table.c.status, func.count()).where(table.c.batch_id == batch_id).group_by(table.c.status)
+    )
+    return {TaskStatus(status).value: int(count) for status, count in rows}
+
+
 def _state(row: Row[Any]) -> BatchState:
     values = row._mapping
     return BatchState(
@@ -444,6 +457,7 @@ __all__ = [
     "finish_if_done",
     "listing",
     "members_finished",
+    "member_statuses",
     "members_reopened",
     "read",
 ]
