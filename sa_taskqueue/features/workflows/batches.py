@@ -456,8 +456,8 @@ __all__ = [
     "create",
     "finish_if_done",
     "listing",
-    "members_finished",
     "member_statuses",
+    "members_finished",
     "members_reopened",
     "read",
 ]
