@@ -49,7 +49,7 @@ def queue(engine: sa.Engine) -> Iterator[tq.TaskQueue]:
 
 
 def end_members(engine: sa.Engine, ids: list[int], status: tq.TaskStatus, batch_id: int) -> None:
-    """Members written to a final status with their batch's bookkeeping in one transaction, as a worker does."""
+    """Members put in a final status with their batch's bookkeeping in one transaction, as a worker does."""
     table = tq.Task.__table__
     now = utcnow()
     with engine.begin() as conn:
