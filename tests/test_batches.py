@@ -8,6 +8,7 @@ locks from a second connection.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 from collections.abc import Iterator
@@ -22,6 +23,7 @@ from sqlalchemy.orm import Session
 import sa_taskqueue as tq
 from sa_taskqueue.core.batch_table import batch_table_of
 from sa_taskqueue.core.types import utcnow
+from sa_taskqueue.features.admin import Admin
 from sa_taskqueue.features.workflows import batches
 from sa_taskqueue.features.workflows.batches import BatchSummary
 from tests.app import queue_bind
@@ -107,7 +109,7 @@ def test_members_are_counted_across_transactions_and_callbacks_run_once(
     with Session(engine) as session:
         later = bq.get_batch(session, batch_id)
         assert isinstance(later, tq.Batch)
-        assert later.enqueue_many("member", [{"n": 3}, {"n": 4}]) is not None or True
+        later.enqueue_many("member", [{"n": 3}, {"n": 4}])
         bq.enqueue(session, "member", {"n": 5}, batch=later)
         session.commit()
     state = bq.batch_state(batch_id)
@@ -415,3 +417,59 @@ def test_the_command_line_lists_batches_and_shows_one(
     missing = run_cli("batch", str(still_open.id + 100), url=backend.url)
     assert missing.returncode == 1
     assert f"no batch {still_open.id + 100}" in missing.stderr
+
+
+def test_a_retried_member_leaves_its_count_and_is_counted_again(bq: tq.TaskQueue, engine: sa.Engine) -> None:
+    with Session(engine) as session:
+        with bq.batch(session, on_complete=bq.registered("done")) as batch:
+            batch.enqueue_many("member", [{"n": 1}, {"n": 2}])
+        session.commit()
+    table = tq.Task.__table__
+    first, second = member_ids(engine, batch.id)
+    with engine.begin() as conn:
+        conn.execute(sa.update(table).where(table.c.id == first).values(status=tq.TaskStatus.FAILED))
+        batches.members_finished(conn, table, [Finished(batch.id, tq.TaskStatus.FAILED)], utcnow())
+    assert bq.batch_state(batch.id).failed == 1
+    assert Admin(engine, table).retry(first) == 1
+    state = bq.batch_state(batch.id)
+    assert (state.failed, state.pending) == (0, 2)
+    with engine.begin() as conn:
+        conn.execute(
+            sa.update(table).where(table.c.id.in_([first, second])).values(status=tq.TaskStatus.COMPLETED)
+        )
+        batches.members_finished(conn, table, [Finished(batch.id, tq.TaskStatus.COMPLETED)] * 2, utcnow())
+    state = bq.batch_state(batch.id)
+    assert (state.succeeded, state.failed, state.outcome) == (2, 0, "succeeded")
+    assert len(tasks_named(engine, "done")) == 1
+
+
+@pytest.mark.async_path
+def test_an_async_session_opens_fills_and_closes_a_batch(engine: sa.Engine, backend: Backend) -> None:
+    from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+    from sqlalchemy.pool import NullPool
+
+    from tests.backends import ASYNC_DRIVERS, async_url
+
+    async_engine = create_async_engine(
+        async_url(backend.url, ASYNC_DRIVERS[backend.name][0]), poolclass=NullPool
+    )
+    queue = make_batch_queue(engine)
+    done = queue.registered("done")
+
+    async def main() -> int:
+        async with AsyncSession(async_engine) as session:
+            batch = await queue.batch(session, "async", on_success=done)  # type: ignore[misc]
+            await batch.enqueue("member", n=1)
+            await batch.enqueue_many("member", [{"n": 2}])
+            await queue.enqueue(session, "member", {"n": 3}, batch=batch)
+            assert (await batch.state()).total == 3
+            assert await batch.close() is False
+            await session.commit()
+            return int(batch.id)
+
+    batch_id = asyncio.run(main())
+    asyncio.run(async_engine.dispose())
+    assert queue.batch_state(batch_id).total == 3
+    finish(engine, batch_id, *[tq.TaskStatus.COMPLETED] * 3)
+    assert len(tasks_named(engine, "done")) == 1
+    queue.close()

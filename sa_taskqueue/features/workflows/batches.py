@@ -227,6 +227,14 @@ class FinishedMember(Protocol):
     def status(self) -> TaskStatus: ...
 
 
+@dataclass(frozen=True)
+class Member:
+    """A member and its status, for `members_finished` and `members_reopened` where no richer record is."""
+
+    batch_id: int | None
+    status: TaskStatus
+
+
 # Writes -------------------------------------------------------------------------------------------
 
 
@@ -452,6 +460,7 @@ __all__ = [
     "BatchSummary",
     "CallbackSpec",
     "FinishedMember",
+    "Member",
     "close",
     "create",
     "finish_if_done",
