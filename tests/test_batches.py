@@ -204,6 +204,10 @@ def test_session_add_counts_rows_with_a_batch_id(bq: tq.TaskQueue, engine: sa.En
         assert isinstance(batch, tq.Batch)
         session.add_all([tq.Task(name="member", params={"n": n}, batch_id=batch.id) for n in range(3)])
         batch.add(tq.Task(name="member", params={"n": 9}))
+        session.add(tq.Task(name="member", params={"n": 10}, batch_id=batch.id, unique_key="k"))
+        with pytest.raises(ValueError, match="a batch member cannot have a unique key"):
+            session.flush()
+        session.expunge_all()
         session.commit()
         assert bq.batch_state(batch.id).total == 4
         row = session.scalars(sa.select(tq.Task).where(tq.Task.batch_id == batch.id)).first()

@@ -93,8 +93,13 @@ def count_flushed_members(
     counts: dict[Table, Counter[int]] = {}
     for instance in session.new:
         if isinstance(instance, TaskMixin):
-            batch_id = inspect(instance).dict.get("batch_id")
+            values = inspect(instance).dict
+            batch_id = values.get("batch_id")
             if batch_id is not None:
+                if values.get("unique_key") is not None:
+                    raise ValueError(
+                        "a batch member cannot have a unique key: a held key would leave it outside the batch"
+                    )
                 table = type(instance).__table__  # type: ignore[attr-defined]
                 counts.setdefault(table, Counter())[check_batch_id(batch_id)] += 1
     for instance in session.dirty:
