@@ -45,6 +45,9 @@ from benchmarks.rates import TASKS_PER_KEY as RATE_TASKS_PER_KEY
 from benchmarks.raw_batch import QUEUE_BATCH, RAW_BATCH
 from benchmarks.statements import StatementCosts, statement_costs
 from benchmarks.worker_cost import WorkerCost, worker_cost
+from benchmarks.workflows import KINDS as WORKFLOW_KINDS
+from benchmarks.workflows import LABELS as WORKFLOW_LABELS
+from benchmarks.workflows import WorkflowCost, derived, workflow_cost
 
 RESULTS = Path("benchmarks/results")
 SECTIONS = (
@@ -61,6 +64,7 @@ SECTIONS = (
     "worker_cost",
     "failures",
     "observability",
+    "workflows",
 )
 
 
@@ -175,6 +179,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--worker-cost-tasks", type=int, default=20000, help="tasks per run of the worker_cost section"
+    )
+    parser.add_argument(
+        "--workflow-tasks", type=int, default=2000, help="tasks per run of the workflows section"
     )
     parser.add_argument("--sections", default=",".join(SECTIONS))
     parser.add_argument("--json", default=str(RESULTS / "latest.json"))
@@ -832,6 +839,61 @@ def statements_section(run: Run) -> dict[str, Any]:
     return {"statements": rows}
 
 
+def workflows_section(run: Run) -> dict[str, Any]:
+    """Plain tasks beside batch members and dependents: statements and CPU a task, enqueue and drain.
+
+    One process, B at a time (`benchmarks.workflows`); figures are medians
+    over the repeats, the kinds taking turns within each repeat.  The last
+    columns give the cost of one batch member and of one dependency edge.
+    """
+    tasks = run.args.workflow_tasks
+    table = new_table(
+        f"workflows: statements / CPU µs a task, one process, {tasks:,} tasks, median of {run.args.repeats}",
+        ("backend", "B", *(WORKFLOW_LABELS[kind] for kind in WORKFLOW_KINDS), "a member", "an edge"),
+    )
+    rows = []
+    for target in run.backends:
+        for b in run.batches:
+            measured: dict[str, list[WorkflowCost]] = {kind: [] for kind in WORKFLOW_KINDS}
+            for repeat in range(run.args.repeats):
+                order = WORKFLOW_KINDS if repeat % 2 == 0 else WORKFLOW_KINDS[::-1]
+                for kind in order:
+                    measured[kind].append(workflow_cost(target.url, kind, tasks, b))
+            medians = {
+                kind: WorkflowCost(
+                    kind=kind,
+                    tasks=tasks,
+                    edges=costs[0].edges,
+                    **{
+                        field: statistics.median(getattr(cost, field) for cost in costs)
+                        for field in ("enqueue_statements", "enqueue_cpu", "drain_statements", "drain_cpu")
+                    },
+                )
+                for kind, costs in measured.items()
+            }
+            extra = derived(medians)
+            row: dict[str, Any] = {
+                "backend": target.name,
+                "batch": b,
+                **{kind: cost.as_json() for kind, cost in medians.items()},
+                **extra,
+            }
+            rows.append(row)
+            table.add_row(
+                target.name,
+                str(b),
+                *(
+                    f"enqueue {cost.enqueue_statements:.2f} / {cost.enqueue_cpu:,.0f}, "
+                    f"drain {cost.drain_statements:.2f} / {cost.drain_cpu:,.0f}"
+                    for cost in medians.values()
+                ),
+                f"{extra['member_statements']:+.2f} / {extra['member_cpu']:+,.0f}",
+                f"{extra['edge_statements']:+.2f} / {extra['edge_cpu']:+,.0f}",
+            )
+    run.console.print(table)
+    return {"workflows": rows}
+
+
 def running_section(run: Run) -> dict[str, Any]:
     """A claim's and a completion's client cost as tasks pile up running under other workers' claims.
 
@@ -1091,6 +1153,7 @@ SECTION_RUNNERS: dict[str, Callable[[Run], dict[str, Any]]] = {
     "worker_cost": worker_cost_section,
     "failures": failures_section,
     "observability": observability_section,
+    "workflows": workflows_section,
 }
 
 
