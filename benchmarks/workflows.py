@@ -67,7 +67,7 @@ class _Counter:
 
 
 def workflow_cost(url: str, kind: str, tasks: int, batch: int) -> WorkflowCost:
-    """``tasks`` no-op tasks enqueued the ``kind`` way into a fresh table, then drained ``batch`` at a time."""
+    """``tasks`` no-op tasks enqueued the ``kind`` way in a fresh table, then drained ``batch`` at a time."""
     import sa_taskqueue as tq
 
     fresh_table(url)
