@@ -26,7 +26,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from sqlalchemy import Connection, Table, inspect, select, update
+from sqlalchemy import Connection, Table, Update, inspect, select, update
 from sqlalchemy.orm import Session, UOWTransaction
 
 from sa_taskqueue.core.batch_table import batch_table_of
@@ -56,16 +56,21 @@ def count_members(conn: Connection, task_table: Table, counts: Mapping[int, int]
     for batch_id, count in sorted(counts.items()):
         if count <= 0:
             continue
-        written = conn.execute(
-            update(batches)
-            .where(batches.c.id == batch_id, batches.c.closed_at.is_(None))
-            .values(total=batches.c.total + count)
-        )
+        written = conn.execute(add_members_statement(batches, batch_id, count))
         if written.rowcount != 1:
             for earlier, n in added:
                 uncount_members(conn, task_table, earlier, n)
             raise _not_open(conn, batches, batch_id)
         added.append((batch_id, count))
+
+
+def add_members_statement(batches: Table, batch_id: int, count: int) -> Update:
+    """``total`` moved up by ``count`` if the batch is still open (a closed one matches no row)."""
+    return (
+        update(batches)
+        .where(batches.c.id == batch_id, batches.c.closed_at.is_(None))
+        .values(total=batches.c.total + count)
+    )
 
 
 def uncount_members(conn: Connection, task_table: Table, batch_id: int, count: int) -> None:
@@ -114,4 +119,10 @@ def count_flushed_members(
         count_members(session.connection(bind_arguments={"clause": table}), table, per_batch)
 
 
-__all__ = ["check_batch_id", "count_flushed_members", "count_members", "uncount_members"]
+__all__ = [
+    "add_members_statement",
+    "check_batch_id",
+    "count_flushed_members",
+    "count_members",
+    "uncount_members",
+]

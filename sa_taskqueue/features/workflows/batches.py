@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal, Protocol
 
-from sqlalchemy import Connection, Row, Table, func, insert, literal, select, update
+from sqlalchemy import Connection, Row, Table, Update, func, insert, literal, select, update
 
 from sa_taskqueue.backends import backend_for
 from sa_taskqueue.core.batch_table import batch_table_of
@@ -303,17 +303,21 @@ def members_finished(
         return
     batches = batch_table_of(table)
     for batch_id in sorted(per_batch):
-        counts = per_batch[batch_id]
-        conn.execute(
-            update(batches)
-            .where(batches.c.id == batch_id)
-            .values(
-                succeeded=batches.c.succeeded + counts["succeeded"],
-                failed=batches.c.failed + counts["failed"],
-                cancelled=batches.c.cancelled + counts["cancelled"],
-            )
-        )
+        conn.execute(count_statement(batches, batch_id, per_batch[batch_id]))
         finish_if_done(conn, table, batch_id, now)
+
+
+def count_statement(batches: Table, batch_id: int, counts: Mapping[str, int], sign: int = 1) -> Update:
+    """``succeeded``, ``failed`` and ``cancelled`` moved by ``counts`` (times ``sign``), in one UPDATE."""
+    return (
+        update(batches)
+        .where(batches.c.id == batch_id)
+        .values(
+            succeeded=batches.c.succeeded + sign * counts.get("succeeded", 0),
+            failed=batches.c.failed + sign * counts.get("failed", 0),
+            cancelled=batches.c.cancelled + sign * counts.get("cancelled", 0),
+        )
+    )
 
 
 def members_reopened(conn: Connection, table: Table, members: Iterable[FinishedMember]) -> None:
@@ -332,16 +336,7 @@ def members_reopened(conn: Connection, table: Table, members: Iterable[FinishedM
             per_batch.setdefault(int(member.batch_id), Counter())[column] += 1
     batches = batch_table_of(table)
     for batch_id in sorted(per_batch):
-        counts = per_batch[batch_id]
-        conn.execute(
-            update(batches)
-            .where(batches.c.id == batch_id)
-            .values(
-                succeeded=batches.c.succeeded - counts["succeeded"],
-                failed=batches.c.failed - counts["failed"],
-                cancelled=batches.c.cancelled - counts["cancelled"],
-            )
-        )
+        conn.execute(count_statement(batches, batch_id, per_batch[batch_id], sign=-1))
 
 
 def finish_if_done(conn: Connection, table: Table, batch_id: int, now: datetime) -> bool:
@@ -353,7 +348,17 @@ def finish_if_done(conn: Connection, table: Table, batch_id: int, now: datetime)
     whether it matched.
     """
     batches = batch_table_of(table)
-    finished = conn.execute(
+    finished = conn.execute(finish_statement(batches, batch_id, now))
+    if finished.rowcount != 1:
+        return False
+    row = conn.execute(select(batches).where(batches.c.id == batch_id)).one()
+    _enqueue_callbacks(conn, table, _state(row), now)
+    return True
+
+
+def finish_statement(batches: Table, batch_id: int, now: datetime) -> Update:
+    """The conditional UPDATE that sets ``finished_at`` once: closed, not finished, every member counted."""
+    return (
         update(batches)
         .where(
             batches.c.id == batch_id,
@@ -363,11 +368,6 @@ def finish_if_done(conn: Connection, table: Table, batch_id: int, now: datetime)
         )
         .values(finished_at=now)
     )
-    if finished.rowcount != 1:
-        return False
-    row = conn.execute(select(batches).where(batches.c.id == batch_id)).one()
-    _enqueue_callbacks(conn, table, _state(row), now)
-    return True
 
 
 def _enqueue_callbacks(conn: Connection, table: Table, state: BatchState, now: datetime) -> None:
@@ -462,8 +462,10 @@ __all__ = [
     "FinishedMember",
     "Member",
     "close",
+    "count_statement",
     "create",
     "finish_if_done",
+    "finish_statement",
     "listing",
     "member_statuses",
     "members_finished",
