@@ -7,21 +7,28 @@ it adds members in.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
-from datetime import timedelta
+from collections.abc import Callable, Coroutine, Iterable, Mapping
+from datetime import datetime, timedelta
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from sqlalchemy import inspect
-from sqlalchemy.orm import Session
+from sqlalchemy import Engine, Table, inspect
+from sqlalchemy.orm import Session, scoped_session
 
 from sa_taskqueue.core import validation
+from sa_taskqueue.core.batch_members import check_batch_id
+from sa_taskqueue.core.exceptions import BatchNotFound
 from sa_taskqueue.core.model import TaskMixin
 from sa_taskqueue.core.registered import RegisteredTask, TaskWithOptions
-from sa_taskqueue.features.workflows.batches import BATCH_PARAM, CallbackSpec, Outcome
+from sa_taskqueue.core.unawaited import EnqueueCoroutine
+from sa_taskqueue.features.workflows import batches as batch_rows
+from sa_taskqueue.features.workflows.batches import BATCH_PARAM, BatchState, CallbackSpec, Outcome
+from sa_taskqueue.queue.enqueuing import Enqueuing
+from sa_taskqueue.queue.parts import QueueParts
+from sa_taskqueue.queue.sessions import in_async_session, is_async_session
 
 if TYPE_CHECKING:
-    from sa_taskqueue.queue.task_queue import TaskQueue
+    from sqlalchemy.ext.asyncio import AsyncSession, async_scoped_session
 
 T = TypeVar("T")
 
@@ -46,7 +53,7 @@ class Batch:
     With an `AsyncSession`, every method returns a coroutine to await.
     """
 
-    def __init__(self, queue: TaskQueue, session: Any, batch_id: int, name: str | None) -> None:
+    def __init__(self, queue: BatchOperations, session: Any, batch_id: int, name: str | None) -> None:
         self._queue = queue
         #: The session members are added in (the one the batch was opened or fetched with).
         self.session = session
@@ -134,6 +141,127 @@ class Batch:
     def __repr__(self) -> str:
         named = f" {self.name!r}" if self.name is not None else ""
         return f"<Batch {self.id}{named}>"
+
+
+class BatchOperations:
+    """`TaskQueue`'s batches: open one, fetch one, read their state (this class is not used on its own)."""
+
+    table: Table
+    engine: Engine
+    clock: Callable[[], datetime]
+    _parts: QueueParts
+    _enqueuing: Enqueuing
+    #: The queue's own enqueues (`TaskQueue.enqueue`, `TaskQueue.enqueue_many`), which members go through.
+    enqueue: Callable[..., Any]
+    enqueue_many: Callable[..., Any]
+
+    def batch(
+        self,
+        session: Session | scoped_session[Any] | AsyncSession | async_scoped_session[Any],
+        name: str | None = None,
+        *,
+        on_success: Callback | None = None,
+        on_failure: Callback | None = None,
+        on_complete: Callback | None = None,
+    ) -> Batch | Coroutine[Any, Any, Batch]:
+        """Open a batch in the caller's transaction: add members, close it, and its callbacks run once.
+
+        ``on_success`` is enqueued when every member completed,
+        ``on_failure`` when the batch finished with any member failed or
+        cancelled, ``on_complete`` either way: each is a registered task,
+        ``task.using(...)`` (its queue, priority, max_attempts, delay) or
+        ``(task, {params})``, and is given one more param, ``batch``: the
+        batch's id, name and counts (a `BatchSummary` where the function
+        annotates it so, else a dict).  Callbacks are checked here.
+
+        Returns a `Batch` bound to ``session``: ``b.enqueue(task, **params)``
+        adds a member, ``b.close()`` closes it (``with queue.batch(...) as b:``
+        closes it at the end of the block).  The batch exists when the
+        caller's transaction commits.  With an `AsyncSession`, a coroutine to
+        await for the `Batch`.  See `sa_taskqueue.features.workflows.batches`
+        for what is exact and why.
+        """
+        name = check_name(name)
+        specs = callback_specs(
+            {"success": on_success, "failure": on_failure, "complete": on_complete},
+            self._enqueuing.task_values,
+        )
+        now = self.clock()
+
+        def create(sync_session: Session) -> Batch:
+            connection = sync_session.connection(bind_arguments={"clause": self.table})
+            with self._parts.database_errors():
+                batch_id = batch_rows.create(connection, self.table, name, specs, now)
+            return Batch(self, session, batch_id, name)
+
+        return cast("Batch | Coroutine[Any, Any, Batch]", self._in_session(session, create, "the batch"))
+
+    def get_batch(
+        self, session: Session | scoped_session[Any] | AsyncSession | async_scoped_session[Any], batch_id: int
+    ) -> Batch | Coroutine[Any, Any, Batch]:
+        """A handle on batch ``batch_id`` bound to ``session``: to add members later, or close it.
+
+        `BatchNotFound` if there is no such batch.
+        """
+        batch_id = check_batch_id(batch_id)
+
+        def fetch(sync_session: Session) -> Batch:
+            state = self._read_batch(sync_session, batch_id)
+            return Batch(self, session, batch_id, state.name)
+
+        return cast("Batch | Coroutine[Any, Any, Batch]", self._in_session(session, fetch, "the batch"))
+
+    def batch_state(self, batch_id: int) -> BatchState:
+        """Batch ``batch_id`` as committed now: counts, pending members, times, status, callbacks.
+
+        `BatchNotFound` if there is no such batch.
+        """
+        batch_id = check_batch_id(batch_id)
+
+        def read() -> BatchState | None:
+            with self.engine.connect() as connection:
+                return batch_rows.read(connection, self.table, batch_id)
+
+        with self._parts.database_errors():
+            state = self._parts.call(read)
+        if state is None:
+            raise BatchNotFound(batch_id)
+        return state
+
+    def batches(
+        self, *, limit: int = 50, before: int | None = None, unfinished: bool = False
+    ) -> list[BatchState]:
+        """Up to ``limit`` batches, newest first: ids below ``before``; ``unfinished``: not finished yet."""
+        validation.check_positive_int("limit", limit)
+        below = None if before is None else check_batch_id(before)
+
+        def read() -> list[BatchState]:
+            with self.engine.connect() as connection:
+                return batch_rows.listing(
+                    connection, self.table, limit=limit, before=below, unfinished=unfinished
+                )
+
+        with self._parts.database_errors():
+            return self._parts.call(read)
+
+    def _in_session(self, session: Any, work: Callable[[Session], T], what: str) -> Any:
+        """``work(sync_session)`` in the caller's session: now, or as a coroutine for an async session."""
+        if is_async_session(session):
+            return EnqueueCoroutine(in_async_session(session, work), what)
+        return work(cast("Session", session))
+
+    def _close_batch(self, session: Session, batch_id: int) -> bool:
+        connection = session.connection(bind_arguments={"clause": self.table})
+        with self._parts.database_errors():
+            return batch_rows.close(connection, self.table, batch_id, self.clock())
+
+    def _read_batch(self, session: Session, batch_id: int) -> BatchState:
+        connection = session.connection(bind_arguments={"clause": self.table})
+        with self._parts.database_errors():
+            state = batch_rows.read(connection, self.table, batch_id)
+        if state is None:
+            raise BatchNotFound(batch_id)
+        return state
 
 
 def _task_and_options(task: RegisteredTask[Any, Any] | TaskWithOptions | str) -> tuple[str, dict[str, Any]]:
@@ -234,4 +362,4 @@ def check_name(name: str | None) -> str | None:
     return name
 
 
-__all__ = ["Batch", "Callback", "callback_specs", "check_name"]
+__all__ = ["Batch", "BatchOperations", "Callback", "callback_specs", "check_name"]

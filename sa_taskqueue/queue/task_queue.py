@@ -7,7 +7,7 @@ import logging
 import threading
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeGuard, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast, overload
 from zoneinfo import ZoneInfo
 
 from sqlalchemy import Engine, Table
@@ -15,10 +15,11 @@ from sqlalchemy.orm import Session, scoped_session, sessionmaker
 
 from sa_taskqueue.backends import backend_for
 from sa_taskqueue.core import validation
+from sa_taskqueue.core.batch_members import check_batch_id
 from sa_taskqueue.core.concurrency import KeySpec
 from sa_taskqueue.core.event_loop_bridge import asyncio_extension
 from sa_taskqueue.core.events import EventStream
-from sa_taskqueue.core.exceptions import BatchNotFound, FootingReport
+from sa_taskqueue.core.exceptions import FootingReport
 from sa_taskqueue.core.model import Task, TaskMixin, TaskStatus
 from sa_taskqueue.core.registered import DEFAULT_RETRY_DELAY, RegisteredTask
 from sa_taskqueue.core.task_rows import TaskRows
@@ -31,12 +32,10 @@ from sa_taskqueue.features.pausing import QueuePauses
 from sa_taskqueue.features.results import DEFAULT_POLL_INTERVAL, Results
 from sa_taskqueue.features.retention import Retention
 from sa_taskqueue.features.schedules import EnqueuedSlot, PeriodicTask, Schedule, Schedules
-from sa_taskqueue.features.workflows import batches as batch_rows
-from sa_taskqueue.features.workflows.batches import BatchState
 from sa_taskqueue.health import HealthThresholds, TableHealth, measure_table_health
 from sa_taskqueue.health.self_test import check_footing
 from sa_taskqueue.queue.attached import run_attached
-from sa_taskqueue.queue.batching import Batch, Callback, callback_specs, check_name
+from sa_taskqueue.queue.batching import Batch, BatchOperations
 from sa_taskqueue.queue.cancelling import RunningTaskControl
 from sa_taskqueue.queue.claiming import Claims
 from sa_taskqueue.queue.claims_and_outcomes import ClaimsAndOutcomes
@@ -45,6 +44,8 @@ from sa_taskqueue.queue.live import LiveWorkersListing
 from sa_taskqueue.queue.outcomes import Outcomes
 from sa_taskqueue.queue.parts import QueueParts
 from sa_taskqueue.queue.registrations import Registrations
+from sa_taskqueue.queue.sessions import in_async_session as _in_async_session
+from sa_taskqueue.queue.sessions import is_async_session as _is_async_session
 from sa_taskqueue.strategies import registry
 from sa_taskqueue.strategies.base import ClaimStrategy
 
@@ -64,7 +65,7 @@ DEFAULT_LEASE = timedelta(minutes=5)
 DEFAULT_MAX_RETRY_DELAY = timedelta(hours=1)
 
 
-class TaskQueue(ClaimsAndOutcomes, LiveWorkersListing, RunningTaskControl):
+class TaskQueue(ClaimsAndOutcomes, LiveWorkersListing, RunningTaskControl, BatchOperations):
     """A task queue on one table of one database.
 
     ``bind`` is an `Engine` or a `sessionmaker` bound to one, or an
@@ -461,116 +462,6 @@ class TaskQueue(ClaimsAndOutcomes, LiveWorkersListing, RunningTaskControl):
             )
         return self._enqueuing.insert(cast("Session", session), rows, chunk_size)
 
-    # Batches ---------------------------------------------------------------
-
-    def batch(
-        self,
-        session: Session | scoped_session[Any] | AsyncSession | async_scoped_session[Any],
-        name: str | None = None,
-        *,
-        on_success: Callback | None = None,
-        on_failure: Callback | None = None,
-        on_complete: Callback | None = None,
-    ) -> Batch | Coroutine[Any, Any, Batch]:
-        """Open a batch in the caller's transaction: add members, close it, and its callbacks run once.
-
-        ``on_success`` is enqueued when every member completed,
-        ``on_failure`` when the batch finished with any member failed or
-        cancelled, ``on_complete`` either way: each is a registered task,
-        ``task.using(...)`` (its queue, priority, max_attempts, delay) or
-        ``(task, {params})``, and is given one more param, ``batch``: the
-        batch's id, name and counts (a `BatchSummary` where the function
-        annotates it so, else a dict).  Callbacks are checked here.
-
-        Returns a `Batch` bound to ``session``: ``b.enqueue(task, **params)``
-        adds a member, ``b.close()`` closes it (``with queue.batch(...) as b:``
-        closes it at the end of the block).  The batch exists when the
-        caller's transaction commits.  With an `AsyncSession`, a coroutine to
-        await for the `Batch`.  See `sa_taskqueue.features.workflows.batches`
-        for what is exact and why.
-        """
-        name = check_name(name)
-        specs = callback_specs(
-            {"success": on_success, "failure": on_failure, "complete": on_complete},
-            self._enqueuing.task_values,
-        )
-        now = self.clock()
-
-        def create(sync_session: Session) -> Batch:
-            connection = sync_session.connection(bind_arguments={"clause": self.table})
-            with self._parts.database_errors():
-                batch_id = batch_rows.create(connection, self.table, name, specs, now)
-            return Batch(self, session, batch_id, name)
-
-        return cast("Batch | Coroutine[Any, Any, Batch]", self._in_session(session, create, "the batch"))
-
-    def get_batch(
-        self, session: Session | scoped_session[Any] | AsyncSession | async_scoped_session[Any], batch_id: int
-    ) -> Batch | Coroutine[Any, Any, Batch]:
-        """A handle on batch ``batch_id`` bound to ``session``: to add members later, or close it.
-
-        `BatchNotFound` if there is no such batch.
-        """
-        batch_id = _batch_id(batch_id)
-
-        def fetch(sync_session: Session) -> Batch:
-            state = self._read_batch(sync_session, batch_id)
-            return Batch(self, session, batch_id, state.name)
-
-        return cast("Batch | Coroutine[Any, Any, Batch]", self._in_session(session, fetch, "the batch"))
-
-    def batch_state(self, batch_id: int) -> BatchState:
-        """Batch ``batch_id`` as committed now: counts, pending members, times, status, callbacks.
-
-        `BatchNotFound` if there is no such batch.
-        """
-        batch_id = _batch_id(batch_id)
-
-        def read() -> BatchState | None:
-            with self.engine.connect() as connection:
-                return batch_rows.read(connection, self.table, batch_id)
-
-        with self._parts.database_errors():
-            state = self._parts.call(read)
-        if state is None:
-            raise BatchNotFound(batch_id)
-        return state
-
-    def batches(
-        self, *, limit: int = 50, before: int | None = None, unfinished: bool = False
-    ) -> list[BatchState]:
-        """Up to ``limit`` batches, newest first: ids below ``before``; ``unfinished``: not finished yet."""
-        validation.check_positive_int("limit", limit)
-        below = None if before is None else _batch_id(before)
-
-        def read() -> list[BatchState]:
-            with self.engine.connect() as connection:
-                return batch_rows.listing(
-                    connection, self.table, limit=limit, before=below, unfinished=unfinished
-                )
-
-        with self._parts.database_errors():
-            return self._parts.call(read)
-
-    def _in_session(self, session: Any, work: Callable[[Session], T], what: str) -> Any:
-        """``work(sync_session)`` in the caller's session: now, or as a coroutine for an async session."""
-        if _is_async_session(session):
-            return EnqueueCoroutine(_in_async_session(session, work), what)
-        return work(cast("Session", session))
-
-    def _close_batch(self, session: Session, batch_id: int) -> bool:
-        connection = session.connection(bind_arguments={"clause": self.table})
-        with self._parts.database_errors():
-            return batch_rows.close(connection, self.table, batch_id, self.clock())
-
-    def _read_batch(self, session: Session, batch_id: int) -> BatchState:
-        connection = session.connection(bind_arguments={"clause": self.table})
-        with self._parts.database_errors():
-            state = batch_rows.read(connection, self.table, batch_id)
-        if state is None:
-            raise BatchNotFound(batch_id)
-        return state
-
     def explain_claim(self, *, limit: int = 10, queues: Sequence[str] | None = None) -> str:
         """The database's plan for the statement a claim runs to find its rows (nothing is claimed).
 
@@ -787,21 +678,13 @@ class TaskQueue(ClaimsAndOutcomes, LiveWorkersListing, RunningTaskControl):
         return self._parts.call(fn)
 
 
-def _batch_id(batch_id: object) -> int:
-    if isinstance(batch_id, bool) or not isinstance(batch_id, int):
-        raise TypeError(f"batch_id must be an int, got {type(batch_id).__name__}")
-    if batch_id < 1:
-        raise ValueError(f"batch_id must be positive, got {batch_id}")
-    return batch_id
-
-
 def _member_of(batch: object, keyed: bool) -> int:
     """The id of the batch an enqueue joins (a `Batch` or an id); a keyed task cannot join one."""
     if keyed:
         raise ValueError(
             "a batch member cannot have a unique key: a held key would return a task outside the batch"
         )
-    return batch.id if isinstance(batch, Batch) else _batch_id(batch)
+    return batch.id if isinstance(batch, Batch) else check_batch_id(batch)
 
 
 def _in_batch(rows: Sequence[Mapping[str, Any]], batch_id: int) -> Sequence[Mapping[str, Any]]:
@@ -830,23 +713,3 @@ def _engine_of(bind: object) -> tuple[Engine, bool]:
         "bind must be an Engine, an AsyncEngine, or a sessionmaker or async_sessionmaker bound to one, "
         f"got {type(bind).__name__}"
     )
-
-
-def _is_async_session(session: object) -> TypeGuard[AsyncSession | async_scoped_session[Any]]:
-    ext = asyncio_extension()
-    return ext is not None and isinstance(session, ext.AsyncSession | ext.async_scoped_session)
-
-
-async def _in_async_session(
-    session: AsyncSession | async_scoped_session[Any], work: Callable[[Session], T]
-) -> T:
-    """``work(sync_session)`` in the async session's greenlet, on the caller's loop and connection.
-
-    The same code as a sync enqueue, so a task added this way is checked,
-    flushed and announced (NOTIFY) exactly as one added with a `Session`.
-    """
-    # An async_scoped_session proxies to the AsyncSession of the current scope.
-    ext = asyncio_extension()
-    assert ext is not None  # an async session exists, so its module was imported
-    target = cast("AsyncSession", session() if isinstance(session, ext.async_scoped_session) else session)
-    return await target.run_sync(work)
