@@ -47,7 +47,7 @@ from benchmarks.statements import StatementCosts, statement_costs
 from benchmarks.worker_cost import WorkerCost, worker_cost
 from benchmarks.workflows import KINDS as WORKFLOW_KINDS
 from benchmarks.workflows import LABELS as WORKFLOW_LABELS
-from benchmarks.workflows import WorkflowCost, derived, workflow_cost
+from benchmarks.workflows import PLAIN_KINDS, WorkflowCost, baseline_cost, derived, workflow_cost
 
 RESULTS = Path("benchmarks/results")
 SECTIONS = (
@@ -182,6 +182,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--workflow-tasks", type=int, default=2000, help="tasks per run of the workflows section"
+    )
+    parser.add_argument(
+        "--baseline-source",
+        default=None,
+        help="another checkout's root (the release before): the workflows section measures its plain tasks",
     )
     parser.add_argument("--sections", default=",".join(SECTIONS))
     parser.add_argument("--json", default=str(RESULTS / "latest.json"))
@@ -852,13 +857,18 @@ def workflows_section(run: Run) -> dict[str, Any]:
         ("backend", "B", *(WORKFLOW_LABELS[kind] for kind in WORKFLOW_KINDS), "a member", "an edge"),
     )
     rows = []
+    source = run.args.baseline_source
+    kinds = (*WORKFLOW_KINDS, *(f"{kind}_before" for kind in PLAIN_KINDS if source))
     for target in run.backends:
         for b in run.batches:
-            measured: dict[str, list[WorkflowCost]] = {kind: [] for kind in WORKFLOW_KINDS}
+            measured: dict[str, list[WorkflowCost]] = {kind: [] for kind in kinds}
             for repeat in range(run.args.repeats):
-                order = WORKFLOW_KINDS if repeat % 2 == 0 else WORKFLOW_KINDS[::-1]
-                for kind in order:
-                    measured[kind].append(workflow_cost(target.url, kind, tasks, b))
+                for kind in kinds if repeat % 2 == 0 else kinds[::-1]:
+                    if kind.endswith("_before"):
+                        cost = baseline_cost(source, target.url, kind.removesuffix("_before"), tasks, b)
+                    else:
+                        cost = workflow_cost(target.url, kind, tasks, b)
+                    measured[kind].append(cost)
             medians = {
                 kind: WorkflowCost(
                     kind=kind,
@@ -872,6 +882,12 @@ def workflows_section(run: Run) -> dict[str, Any]:
                 for kind, costs in measured.items()
             }
             extra = derived(medians)
+            for kind in PLAIN_KINDS:
+                before = medians.get(f"{kind}_before")
+                if before is not None:
+                    now = medians[kind]
+                    extra[f"{kind}_drain_statements_change"] = now.drain_statements - before.drain_statements
+                    extra[f"{kind}_drain_cpu_ratio"] = now.drain_cpu / before.drain_cpu
             row: dict[str, Any] = {
                 "backend": target.name,
                 "batch": b,
@@ -885,12 +901,31 @@ def workflows_section(run: Run) -> dict[str, Any]:
                 *(
                     f"enqueue {cost.enqueue_statements:.2f} / {cost.enqueue_cpu:,.0f}, "
                     f"drain {cost.drain_statements:.2f} / {cost.drain_cpu:,.0f}"
-                    for cost in medians.values()
+                    for kind, cost in medians.items()
+                    if kind in WORKFLOW_KINDS
                 ),
                 f"{extra['member_statements']:+.2f} / {extra['member_cpu']:+,.0f}",
                 f"{extra['edge_statements']:+.2f} / {extra['edge_cpu']:+,.0f}",
             )
     run.console.print(table)
+    if source:
+        before = new_table(
+            f"plain tasks against {source}: drain statements / CPU µs a task, before -> now",
+            ("backend", "B", *(WORKFLOW_LABELS[kind] for kind in PLAIN_KINDS)),
+        )
+        for row in rows:
+            before.add_row(
+                row["backend"],
+                str(row["batch"]),
+                *(
+                    f"{then['drain_statements']:.3f} / {then['drain_cpu']:,.0f}"
+                    f" -> {now['drain_statements']:.3f} / {now['drain_cpu']:,.0f}"
+                    f" ({row[kind + '_drain_cpu_ratio']:.2f}x)"
+                    for kind in PLAIN_KINDS
+                    for then, now in [(row[kind + "_before"], row[kind])]
+                ),
+            )
+        run.console.print(before)
     return {"workflows": rows}
 
 

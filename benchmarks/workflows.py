@@ -22,14 +22,17 @@ must leave as they were.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
-
-from benchmarks.backends import fresh_table
 
 #: The ways the N tasks are enqueued, in the order they are measured.
 KINDS = ("plain_bulk", "batch_bulk", "plain_single", "dependent_single")
@@ -70,8 +73,9 @@ def workflow_cost(url: str, kind: str, tasks: int, batch: int) -> WorkflowCost:
     """``tasks`` no-op tasks enqueued the ``kind`` way in a fresh table, then drained ``batch`` at a time."""
     import sa_taskqueue as tq
 
-    fresh_table(url)
     engine = sa.create_engine(url)
+    tq.metadata.drop_all(engine)
+    tq.metadata.create_all(engine)
     queue = tq.TaskQueue(engine)
 
     @queue.task(name="noop")
@@ -126,6 +130,30 @@ def workflow_cost(url: str, kind: str, tasks: int, batch: int) -> WorkflowCost:
     )
 
 
+#: The kinds a library without workflows can run: what ``--baseline-source`` measures again.
+PLAIN_KINDS = ("plain_bulk", "plain_single")
+
+
+def baseline_cost(source: str, url: str, kind: str, tasks: int, batch: int) -> WorkflowCost:
+    """`workflow_cost` of the library at ``source`` (another checkout, e.g. the release before), in a child.
+
+    This file runs as a script there, with ``source`` first on the path, so
+    the child imports that checkout's ``sa_taskqueue`` and nothing else of
+    this one: the same measurement, before and after, in one run.
+    """
+    child = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), url, kind, str(tasks), str(batch)],
+        env={**os.environ, "PYTHONPATH": str(Path(source).resolve())},
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+    )
+    if child.returncode != 0:
+        raise RuntimeError(f"the baseline run at {source} failed: {child.stderr[-2000:]}")
+    return WorkflowCost(**json.loads(child.stdout.strip().splitlines()[-1]))
+
+
 def derived(costs: dict[str, WorkflowCost]) -> dict[str, float]:
     """The cost of one batch member and of one dependency edge, from one run's figures."""
     plain, member = costs["plain_bulk"], costs["batch_bulk"]
@@ -145,4 +173,7 @@ def derived(costs: dict[str, WorkflowCost]) -> dict[str, float]:
     }
 
 
-__all__ = ["KINDS", "LABELS", "WorkflowCost", "derived", "workflow_cost"]
+__all__ = ["KINDS", "LABELS", "PLAIN_KINDS", "WorkflowCost", "baseline_cost", "derived", "workflow_cost"]
+
+if __name__ == "__main__":  # the child of `baseline_cost`: URL KIND TASKS BATCH
+    print(json.dumps(workflow_cost(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])).as_json()))
