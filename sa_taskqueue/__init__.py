@@ -31,6 +31,7 @@ from sa_taskqueue.core.exceptions import (
     FootingError,
     MalformedTask,
     ParamTypeError,
+    ParentNotFound,
     PoolTooSmall,
     ResultTimeout,
     SchemaMissing,
@@ -44,7 +45,7 @@ from sa_taskqueue.core.exceptions import (
 )
 from sa_taskqueue.core.model import Base, Task, TaskMixin, TaskStatus, metadata
 from sa_taskqueue.core.param_types import register_type
-from sa_taskqueue.core.registered import RegisteredTask, TaskWithOptions
+from sa_taskqueue.core.registered import RegisteredTask, TaskCall, TaskWithOptions
 from sa_taskqueue.features.cancellation import CancelResult, CancelState, TaskProgress
 from sa_taskqueue.features.live_workers import (
     LiveWorker,
@@ -100,6 +101,7 @@ __all__ = [
     "LiveWorker",
     "MalformedTask",
     "ParamTypeError",
+    "ParentNotFound",
     "PoolTooSmall",
     "RegisteredTask",
     "ResultTimeout",
@@ -110,6 +112,7 @@ __all__ = [
     "SyncCallOnEventLoop",
     "TableHealth",
     "Task",
+    "TaskCall",
     "TaskCancelled",
     "TaskContext",
     "TaskEvent",

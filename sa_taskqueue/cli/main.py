@@ -772,7 +772,7 @@ def status(ctx: click.Context, app_argument: str | None, app: str | None, url: s
         report = _on_queue(target.queue, _status_report, registered)
     console = output_console()
     table = RichTable(title="tasks")
-    statuses = ["queued", "running", "completed", "failed", "cancelled"]
+    statuses = [status.value for status in TaskStatus]  # waiting first: tasks whose parents have not finished
     table.add_column("queue")
     for name in statuses:
         table.add_column(name, justify="right")

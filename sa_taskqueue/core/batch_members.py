@@ -31,7 +31,7 @@ from sqlalchemy.orm import Session, UOWTransaction
 
 from sa_taskqueue.core.batch_table import batch_table_of
 from sa_taskqueue.core.exceptions import BatchClosed, BatchNotFound
-from sa_taskqueue.core.model import ID_MAX, TaskMixin
+from sa_taskqueue.core.model import ID_MAX, TaskMixin, TaskStatus
 
 
 def check_batch_id(batch_id: object) -> int:
@@ -79,6 +79,46 @@ def uncount_members(conn: Connection, task_table: Table, batch_id: int, count: i
     conn.execute(update(batches).where(batches.c.id == batch_id).values(total=batches.c.total - count))
 
 
+#: Where a member that is final when inserted is counted.
+_COUNTED_AT_INSERT = {
+    TaskStatus.COMPLETED: "succeeded",
+    TaskStatus.FAILED: "failed",
+    TaskStatus.CANCELLED: "cancelled",
+}
+
+
+def count_finished_at_insert(
+    conn: Connection, task_table: Table, batch_id: int, status: Any, count: int
+) -> None:
+    """Count ``count`` members inserted already final (a dependent cancelled at once for a failed parent).
+
+    No final write of theirs will pass through the bookkeeping, so they are
+    counted here, in the transaction that inserts them.  Their batch is open
+    (it took them), so this cannot be what finishes it.
+    """
+    column = _COUNTED_AT_INSERT.get(TaskStatus(status))
+    if column is None or count <= 0:
+        return
+    batches = batch_table_of(task_table)
+    conn.execute(update(batches).where(batches.c.id == batch_id).values({column: batches.c[column] + count}))
+
+
+def count_flushed_finished_members(session: Session, flush_context: UOWTransaction) -> None:
+    """``after_flush``: new members a flush inserted already final are counted into their batches."""
+    finished: dict[tuple[Table, int, TaskStatus], int] = {}
+    for instance in session.new:
+        if isinstance(instance, TaskMixin):
+            values = inspect(instance).dict
+            batch_id, status = values.get("batch_id"), values.get("status")
+            if batch_id is not None and status is not None and TaskStatus(status) in _COUNTED_AT_INSERT:
+                key = (type(instance).__table__, batch_id, TaskStatus(status))  # type: ignore[attr-defined]
+                finished[key] = finished.get(key, 0) + 1
+    for (table, batch_id, status), count in sorted(finished.items(), key=lambda item: item[0][1]):
+        count_finished_at_insert(
+            session.connection(bind_arguments={"clause": table}), table, batch_id, status, count
+        )
+
+
 def _not_open(conn: Connection, batches: Table, batch_id: int) -> BatchClosed | BatchNotFound:
     """Why the batch took no member: it is closed, or there is no such batch (one SELECT, on refusal only)."""
     closed_at = conn.execute(select(batches.c.closed_at).where(batches.c.id == batch_id)).first()
@@ -122,6 +162,8 @@ def count_flushed_members(
 __all__ = [
     "add_members_statement",
     "check_batch_id",
+    "count_finished_at_insert",
+    "count_flushed_finished_members",
     "count_flushed_members",
     "count_members",
     "uncount_members",

@@ -53,6 +53,15 @@ class ClaimedTask:
     #: read it: the column's JSON text, or None.  Decoded only by what reads it (`task_headers`), so
     #: a claim whose tasks nobody traces decodes nothing.
     raw_headers: Any = None
+    #: The batch the task belongs to, and whether tasks depend on it, as the claim read them: such a
+    #: task's final write goes through the workflow bookkeeping (`in_workflow`).
+    batch_id: int | None = None
+    has_dependents: bool | None = None
+
+    @property
+    def in_workflow(self) -> bool:
+        """Whether the task belonged to a batch or had dependents when claimed."""
+        return self.batch_id is not None or bool(self.has_dependents)
 
     @property
     def headers(self) -> dict[str, str]:
@@ -85,6 +94,8 @@ class ClaimedTask:
             "concurrency_key": row.get("concurrency_key"),
             "concurrency_slot": row.get("concurrency_slot"),
             "raw_headers": row.get("headers"),
+            "batch_id": row.get("batch_id"),
+            "has_dependents": row.get("has_dependents"),
         }
         if cls is not ClaimedTask:
             return cls(**fields)  # (a subclass may check or add fields in its own __init__)

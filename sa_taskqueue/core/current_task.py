@@ -36,6 +36,8 @@ class CancellationRequested(BaseException):
 
 #: Writes a progress report: (task, progress, note); it must not block the task.
 ProgressSink = Callable[[ClaimedTask, float, Any], None]
+#: Reads the results of a task's parents, by parent id (`TaskQueue.parent_results`).
+ParentResults = Callable[[int], dict[int, Any]]
 
 
 class TaskContext:
@@ -46,10 +48,13 @@ class TaskContext:
     calls `raise_if_cancelled`, between steps.
     """
 
-    def __init__(self, task: ClaimedTask, progress: ProgressSink | None) -> None:
+    def __init__(
+        self, task: ClaimedTask, progress: ProgressSink | None, parents: ParentResults | None = None
+    ) -> None:
         self.task = task
         self._cancelled = threading.Event()
         self._progress = progress
+        self._parents = parents
 
     @property
     def task_id(self) -> int:
@@ -86,6 +91,32 @@ class TaskContext:
             raise RuntimeError(f"task {self.task.id}: progress cannot be reported here (no worker writes it)")
         self._progress(self.task, float(progress), note)
 
+    def parent_results(self) -> dict[int, Any]:
+        """The results of the tasks this one was enqueued to wait for (``depends_on``), by their ids.
+
+        Read from the database when asked (one SELECT), so a task that never
+        asks pays nothing.  A parent that failed or was cancelled (the task
+        then runs only under ``on_parent_failure="run"``) has None.  Empty
+        for a task without parents.  A blocking call: an ``async def`` task
+        calls it through ``await asyncio.to_thread(...)``.
+        """
+        if self._parents is None:
+            raise RuntimeError(f"task {self.task.id}: its parents' results cannot be read here (no worker)")
+        return self._parents(self.task.id)
+
+    def parent_result(self) -> Any:
+        """The result of this task's one parent: a chain step's input (`TaskQueue.chain`).
+
+        `ValueError` if the task has no parent or several (read them with `parent_results`).
+        """
+        results = self.parent_results()
+        if len(results) != 1:
+            raise ValueError(
+                f"task {self.task.id} has {len(results)} parents; parent_result() reads the one parent "
+                "of a chain step: use parent_results() for several"
+            )
+        return next(iter(results.values()))
+
     def send_progress_to(self, progress: ProgressSink | None) -> None:
         """Reports go to ``progress`` from now on (a task process: to the pipe back to its worker)."""
         self._progress = progress
@@ -115,6 +146,7 @@ def reset_current(token: contextvars.Token[TaskContext | None]) -> None:
 
 __all__ = [
     "CancellationRequested",
+    "ParentResults",
     "ProgressSink",
     "TaskContext",
     "current_task",

@@ -167,6 +167,18 @@ class BatchClosed(TaskQueueError, ValueError):
         self.batch_id = batch_id
 
 
+class ParentNotFound(TaskNotFound):
+    """A task was enqueued with ``depends_on`` naming a task that does not exist: nothing was enqueued."""
+
+    def __init__(self, task_id: int) -> None:
+        TaskQueueError.__init__(
+            self,
+            f"depends_on names task {task_id}, which does not exist (never created, or deleted by "
+            "retention or purge): nothing was enqueued",
+        )
+        self.task_id = task_id
+
+
 class ResultTimeout(TaskQueueError, TimeoutError):
     """`TaskQueue.result` waited ``waited`` seconds and the task had not finished."""
 
@@ -369,6 +381,7 @@ __all__ = [
     "FootingError",
     "FootingReport",
     "MalformedTask",
+    "ParentNotFound",
     "PoolTooSmall",
     "ResultTimeout",
     "SchemaMissing",

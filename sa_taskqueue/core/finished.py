@@ -15,8 +15,9 @@ lease recovery), announces every id it is given.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime
+from typing import Any, NamedTuple
 
 from sqlalchemy import (
     Boolean,
@@ -35,6 +36,7 @@ from sqlalchemy import (
 )
 
 from sa_taskqueue.backends import backend_for
+from sa_taskqueue.core.model import TaskStatus
 
 #: Below PostgreSQL's 8,000-byte payload limit, with room to spare.
 PAYLOAD_BYTES = 7000
@@ -130,8 +132,29 @@ def finished_payloads(task_ids: Iterable[int]) -> list[str]:
     return payloads
 
 
+class FinishedTask(NamedTuple):
+    """A task whose final status (completed, failed, cancelled) a transaction has just written.
+
+    What the workflow bookkeeping needs of it, in that same transaction:
+    the batch it belongs to, and whether tasks depend on it (None: not
+    known, looked up).
+    """
+
+    id: int
+    status: TaskStatus
+    batch_id: int | None = None
+    has_dependents: bool | None = None
+
+
+#: Called in the transaction that wrote final statuses, with those tasks and
+#: the time written (`sa_taskqueue.features.workflows.bookkeeping.after_final`).
+AfterFinal = Callable[[Connection, Table, Sequence[FinishedTask], datetime], None]
+
+
 __all__ = [
     "WAIT_KEYS",
+    "AfterFinal",
+    "FinishedTask",
     "announced_ids",
     "announcing",
     "finished_channel_name",

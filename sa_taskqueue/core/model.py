@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
@@ -275,8 +276,50 @@ class TaskMixin:
             Index(f"ix_{table}_batch", "batch_id", **_non_null("batch_id")),
         )
 
+    @property
+    def depends_on(self) -> list[TaskMixin | int] | None:
+        """The parents this new task waits for (``Task(..., depends_on=[parent, parent_id])``), until flushed.
+
+        Not a column: a new row given parents is written WAITING by its
+        flush, with one edge per parent in the dependency table
+        (`sa_taskqueue.features.workflows.dependencies`).  None once flushed,
+        and for a row loaded from the database.
+        """
+        return self.__dict__.get(PARENTS_KEY)
+
+    @depends_on.setter
+    def depends_on(self, parents: Iterable[TaskMixin | int] | None) -> None:
+        self.__dict__[PARENTS_KEY] = None if parents is None else check_parents(parents)
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} id={self.id} name={self.name!r} status={self.status}>"
+
+
+#: Where a task row object keeps the parents it was given (`TaskMixin.depends_on`) until its flush.
+PARENTS_KEY = "_sa_taskqueue_depends_on"
+
+
+def check_parents(depends_on: Any) -> list[TaskMixin | int]:
+    """``depends_on`` as a list of parents (task row objects or task ids); a clear error if it is not."""
+    if isinstance(depends_on, TaskMixin | int) and not isinstance(depends_on, bool):
+        raise TypeError(
+            f"depends_on must be a list of tasks or task ids, got a single {type(depends_on).__name__}: "
+            "write depends_on=[parent]"
+        )
+    if isinstance(depends_on, str | bytes) or not isinstance(depends_on, Iterable):
+        raise TypeError(f"depends_on must be a list of tasks or task ids, got {depends_on!r}")
+    parents: list[TaskMixin | int] = []
+    for parent in depends_on:
+        if isinstance(parent, TaskMixin):
+            parents.append(parent)
+        elif isinstance(parent, bool) or not isinstance(parent, int) or not 1 <= parent <= ID_MAX:
+            raise TypeError(
+                f"depends_on must hold tasks (the rows enqueue returns) or task ids (positive integers), "
+                f"got {parent!r}"
+            )
+        else:
+            parents.append(parent)
+    return parents
 
 
 def _only(*statuses: TaskStatus) -> dict[str, Any]:
@@ -348,6 +391,7 @@ __all__ = [
     "Task",
     "TaskMixin",
     "TaskStatus",
+    "check_parents",
     "has_status",
     "metadata",
 ]

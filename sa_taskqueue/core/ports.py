@@ -38,6 +38,9 @@ class Enqueuer(Protocol):
         run_at: datetime | None = None,
         max_attempts: int | None = None,
         unique_key: str | None = None,
+        depends_on: Iterable[Any] | None = None,
+        on_parent_failure: str | None = None,
+        batch: Any = None,
     ) -> TaskMixin | Coroutine[Any, Any, TaskMixin]:
         """Add one run of task ``name`` to ``session``; a coroutine for an async session."""
 
@@ -53,6 +56,9 @@ class Enqueuer(Protocol):
         max_attempts: int | None = None,
         chunk_size: int = 1000,
         unique_key: str | None = None,
+        depends_on: Iterable[Any] | None = None,
+        on_parent_failure: str | None = None,
+        batch: Any = None,
     ) -> list[int] | Coroutine[Any, Any, list[int] | None] | None:
         """Add one run of task ``name`` per params dict to ``session``; a coroutine for an async session."""
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 from sa_taskqueue.core import param_types, validation
 from sa_taskqueue.core.exceptions import ParamTypeError
 from sa_taskqueue.core.limits import ColumnLimits
+from sa_taskqueue.core.model import check_parents
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession, async_scoped_session
@@ -95,9 +96,35 @@ class RegisteredTask(Generic[P, R]):
         """Add a run of this task with ``params`` to ``session`` (flushed, not committed).
 
         With an `AsyncSession`, a coroutine to await; bad params raise here,
-        before it is returned.
+        before it is returned.  ``depends_on=[...]``,
+        ``on_parent_failure=...`` and ``batch=...`` among ``params`` are the
+        enqueue's options (`TaskQueue.enqueue`), unless the function has a
+        parameter of that name: then they are its params, and
+        ``task.using(depends_on=[...])`` or ``batch.enqueue(task, ...)`` gives
+        the option.
         """
-        return self.queue.enqueue(session, self.name, params)
+        options = self.workflow_options(params)
+        return self.queue.enqueue(session, self.name, params, **options)
+
+    def call(self, **params: Any) -> TaskCall:
+        """A run of this task with ``params``, not enqueued yet: a step of `TaskQueue.chain`."""
+        return TaskCall(self, params)
+
+    def workflow_options(self, params: dict[str, Any]) -> dict[str, Any]:
+        """The enqueue options (`WORKFLOW_OPTIONS`) out of ``params``, unless the function takes them."""
+        options: dict[str, Any] = {}
+        for option in WORKFLOW_OPTIONS:
+            if option in params and not self.names_param(option):
+                options[option] = params.pop(option)
+        return options
+
+    def names_param(self, name: str) -> bool:
+        """Whether the function has a parameter called ``name`` (not through ``**kwargs``)."""
+        try:
+            parameter = inspect.signature(self.func).parameters.get(name)
+        except (TypeError, ValueError):
+            return False
+        return parameter is not None and parameter.kind is not inspect.Parameter.VAR_KEYWORD
 
     def using(
         self,
@@ -108,6 +135,8 @@ class RegisteredTask(Generic[P, R]):
         delay: timedelta | None = None,
         max_attempts: int | None = None,
         unique_key: str | None = None,
+        depends_on: Iterable[Any] | None = None,
+        on_parent_failure: str | None = None,
     ) -> TaskWithOptions:
         """This task with options for the enqueues made through what it returns.
 
@@ -118,8 +147,20 @@ class RegisteredTask(Generic[P, R]):
         ``delay`` together are refused.  Every option is checked here, so a bad
         one fails where it is written, not at a later enqueue.  ``unique_key``
         replaces the key ``unique_by`` would derive (see `TaskQueue.enqueue`).
+        ``depends_on`` and ``on_parent_failure`` make each enqueue wait for
+        those tasks (see `TaskQueue.enqueue`).
         """
-        return TaskWithOptions(self, queue, priority, run_at, delay, max_attempts, unique_key=unique_key)
+        return TaskWithOptions(
+            self,
+            queue,
+            priority,
+            run_at,
+            delay,
+            max_attempts,
+            unique_key=unique_key,
+            depends_on=depends_on,
+            on_parent_failure=on_parent_failure,
+        )
 
     @property
     def is_async(self) -> bool:
@@ -196,8 +237,14 @@ class TaskWithOptions:
         max_attempts: int | None,
         *,
         unique_key: str | None = None,
+        depends_on: Iterable[Any] | None = None,
+        on_parent_failure: str | None = None,
     ) -> None:
         limits = ColumnLimits.of(task.queue.table)
+        if depends_on is not None:
+            depends_on = check_parents(depends_on)
+        if on_parent_failure not in (None, "cancel", "run"):
+            raise ValueError(f"on_parent_failure must be 'cancel' or 'run', got {on_parent_failure!r}")
         if unique_key is not None:
             validation.check_text("unique_key", unique_key, limits.unique_key_length)
         if queue is not None:
@@ -221,6 +268,8 @@ class TaskWithOptions:
         self.delay = delay
         self.max_attempts = max_attempts
         self.unique_key = unique_key
+        self.depends_on = depends_on
+        self.on_parent_failure = on_parent_failure
 
     def using(
         self,
@@ -231,6 +280,8 @@ class TaskWithOptions:
         delay: timedelta | None = None,
         max_attempts: int | None = None,
         unique_key: str | None = None,
+        depends_on: Iterable[Any] | None = None,
+        on_parent_failure: str | None = None,
     ) -> TaskWithOptions:
         """These options with some replaced; a new ``run_at`` replaces a ``delay`` and the reverse."""
         when_given = run_at is not None or delay is not None
@@ -242,6 +293,8 @@ class TaskWithOptions:
             delay if when_given else self.delay,
             self.max_attempts if max_attempts is None else max_attempts,
             unique_key=self.unique_key if unique_key is None else unique_key,
+            depends_on=self.depends_on if depends_on is None else depends_on,
+            on_parent_failure=self.on_parent_failure if on_parent_failure is None else on_parent_failure,
         )
 
     @overload
@@ -261,16 +314,21 @@ class TaskWithOptions:
         """Add a run of the task with ``params`` and these options to ``session`` (flushed, not committed).
 
         With an `AsyncSession`, a coroutine to await, as `TaskQueue.enqueue`.
+        ``batch=...`` among ``params`` joins a batch, as with `RegisteredTask.enqueue`.
         """
+        batch = params.pop("batch", None) if not self.task.names_param("batch") else None
         return self.task.queue.enqueue(
             session,
             self.task.name,
             params,
+            batch=batch,
             queue=self.queue_name,
             priority=self.priority,
             run_at=self._run_at(),
             max_attempts=self.max_attempts,
             unique_key=self.unique_key,
+            depends_on=self.depends_on,
+            on_parent_failure=self.on_parent_failure,
         )
 
     @overload
@@ -316,11 +374,25 @@ class TaskWithOptions:
             max_attempts=self.max_attempts,
             chunk_size=chunk_size,
             unique_key=self.unique_key,
+            depends_on=self.depends_on,
+            on_parent_failure=self.on_parent_failure,
         )
 
-    def due(self) -> datetime | None:
-        """When an enqueue made now through these options is due: ``run_at``, now plus ``delay``, or None."""
-        return self._run_at()
+    def call(self, **params: Any) -> TaskCall:
+        """A run of the task with ``params`` and these options, not enqueued yet (`TaskQueue.chain`)."""
+        return TaskCall(self.task, params, self)
+
+    def options(self) -> dict[str, Any]:
+        """These options as `TaskQueue.enqueue` takes them (a ``delay`` counted from now)."""
+        return {
+            "queue": self.queue_name,
+            "priority": self.priority,
+            "run_at": self._run_at(),
+            "max_attempts": self.max_attempts,
+            "unique_key": self.unique_key,
+            "depends_on": self.depends_on,
+            "on_parent_failure": self.on_parent_failure,
+        }
 
     def _run_at(self) -> datetime | None:
         if self.delay is None:
@@ -339,6 +411,25 @@ class TaskWithOptions:
         shown = ", ".join(f"{key}={value!r}" for key, value in options.items() if value is not None)
         return f"<TaskWithOptions {self.task.name!r} {shown}>"
 
+
+@dataclass(frozen=True)
+class TaskCall:
+    """One run of a registered task, with its params and options, to be enqueued later (`TaskQueue.chain`).
+
+    Made by ``task.call(**params)`` or ``task.using(...).call(**params)``.
+    """
+
+    task: RegisteredTask[Any, Any]
+    params: dict[str, Any]
+    with_options: TaskWithOptions | None = None
+
+    def options(self) -> dict[str, Any]:
+        """The enqueue options it was made with (none for ``task.call``)."""
+        return {} if self.with_options is None else self.with_options.options()
+
+
+#: The enqueue options ``task.enqueue(session, **params)`` takes out of its params (`RegisteredTask.enqueue`).
+WORKFLOW_OPTIONS = ("depends_on", "on_parent_failure", "batch")
 
 #: How many sets of params keys known to fit a task's function are remembered.
 _REMEMBERED_KEY_SETS = 64

@@ -35,7 +35,7 @@ from sqlalchemy.orm import Session, UOWTransaction
 from sqlalchemy.orm.state import InstanceState
 
 from sa_taskqueue.core import at_commit
-from sa_taskqueue.core.batch_members import count_flushed_members
+from sa_taskqueue.core.batch_members import count_flushed_finished_members, count_flushed_members
 from sa_taskqueue.core.exceptions import is_missing_table, schema_missing
 from sa_taskqueue.core.limits import ColumnLimits
 from sa_taskqueue.core.model import TaskMixin
@@ -207,6 +207,8 @@ def listen() -> None:
         event.listen(Session, "before_flush", check_task_rows)
     if not event.contains(Session, "before_flush", count_flushed_members):
         event.listen(Session, "before_flush", count_flushed_members)
+    if not event.contains(Session, "after_flush", count_flushed_finished_members):
+        event.listen(Session, "after_flush", count_flushed_finished_members)
     if not event.contains(Session, "after_flush", notify_task_rows):
         event.listen(Session, "after_flush", notify_task_rows)
     if not event.contains(Engine, "handle_error", missing_task_table):

@@ -39,6 +39,7 @@ from sa_taskqueue.core.notify import notify_enqueued
 from sa_taskqueue.core.types import LongText, utcnow
 from sa_taskqueue.features import unique
 from sa_taskqueue.features.workflows import batches
+from sa_taskqueue.features.workflows.bookkeeping import cancelled_now
 
 
 @dataclass(frozen=True)
@@ -332,18 +333,20 @@ class Admin:
 
 
 def cancel_queued(conn: Connection, table: Table, task_id: int, now: datetime) -> bool:
-    """Cancel task ``task_id`` on ``conn`` (in a transaction) if it is still queued; True if it was.
+    """Cancel task ``task_id`` on ``conn`` (in a transaction) if still queued or waiting; True if it was.
 
     A caller waiting for its result is told when the transaction commits.
     """
     result = conn.execute(
         update(table)
-        .where(table.c.id == task_id, has_status(table, TaskStatus.QUEUED))
+        .where(table.c.id == task_id, table.c.status.in_([TaskStatus.QUEUED.value, TaskStatus.WAITING.value]))
         .values(status=TaskStatus.CANCELLED, finished_at=now)
     )
     if result.rowcount != 1:
         return False
     notify_finished(conn, table, [task_id])
+    # Its dependents cancelled, its batch counted, in this transaction.
+    cancelled_now(conn, table, [task_id], now)
     return True
 
 

@@ -28,7 +28,12 @@ from sa_taskqueue.core.finished import notify_finished
 from sa_taskqueue.core.model import CANCELLED_BY_LENGTH, FINISHED_STATUSES, TaskStatus, has_status
 from sa_taskqueue.core.notify import cancel_channel_name
 from sa_taskqueue.features.ports import QueueContext
+from sa_taskqueue.features.workflows import final_writes
+from sa_taskqueue.features.workflows.bookkeeping import cancelled_now
 from sa_taskqueue.strategies.base import ClaimStrategy
+
+#: The statuses a task is cancelled at once in: it has not started.
+CANCELLED_AT_ONCE = (TaskStatus.QUEUED.value, TaskStatus.WAITING.value)
 
 #: Who cancelled a task when the caller does not say.
 DEFAULT_CANCELLED_BY = "api"
@@ -90,6 +95,8 @@ def cancel_on(conn: Connection, table: Table, task_id: int, by: str, now: dateti
     queued = conn.execute(cancel_queued_statement(table, task_id, by, now))
     if queued.rowcount == 1:
         notify_finished(conn, table, [task_id])
+        # Its dependents cancelled, its batch counted, in this transaction.
+        cancelled_now(conn, table, [task_id], now)
         return CancelResult(task_id, CancelState.QUEUED, TaskStatus.QUEUED)
     # The first request is kept: a second cancel does not move who or when.
     running = conn.execute(request_cancel_statement(table, task_id, by, now))
@@ -109,10 +116,10 @@ def cancel_on(conn: Connection, table: Table, task_id: int, by: str, now: dateti
 
 
 def cancel_queued_statement(table: Table, task_id: int, by: str, now: datetime) -> Update:
-    """CANCELLED at once, who and when recorded, if the task is still queued."""
+    """CANCELLED at once, who and when recorded, if the task is still queued (or waiting on parents)."""
     return (
         update(table)
-        .where(table.c.id == task_id, has_status(table, TaskStatus.QUEUED))
+        .where(table.c.id == task_id, table.c.status.in_(CANCELLED_AT_ONCE))
         .values(status=TaskStatus.CANCELLED, finished_at=now, cancel_requested_at=now, cancelled_by=by)
     )
 
@@ -187,7 +194,8 @@ def write_cancelled(
     them comes first is the task's one outcome, the others find the task no
     longer held.
     """
-    return strategy.finish(engine, table, task, {"status": TaskStatus.CANCELLED, "finished_at": now}, now)
+    values = {"status": TaskStatus.CANCELLED, "finished_at": now}
+    return final_writes.finish(strategy, engine, table, task, values, now)
 
 
 # Progress ----------------------------------------------------------------------

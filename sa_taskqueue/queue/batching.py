@@ -19,7 +19,7 @@ from sa_taskqueue.core import validation
 from sa_taskqueue.core.batch_members import check_batch_id
 from sa_taskqueue.core.exceptions import BatchNotFound
 from sa_taskqueue.core.model import TaskMixin
-from sa_taskqueue.core.registered import RegisteredTask, TaskWithOptions
+from sa_taskqueue.core.registered import RegisteredTask, TaskCall, TaskWithOptions
 from sa_taskqueue.core.unawaited import EnqueueCoroutine
 from sa_taskqueue.features.workflows import batches as batch_rows
 from sa_taskqueue.features.workflows.batches import BATCH_PARAM, BatchState, CallbackSpec, Outcome
@@ -33,10 +33,11 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 #: A batch's callback: a registered task, the same with options (``task.using(queue="ops")``),
-#: or either with extra params: ``(task, {"channel": "#ops"})``.
+#: or either with extra params: ``task.call(channel="#ops")`` or ``(task, {"channel": "#ops"})``.
 Callback = (
     RegisteredTask[Any, Any]
     | TaskWithOptions
+    | TaskCall
     | tuple[RegisteredTask[Any, Any] | TaskWithOptions, Mapping[str, Any]]
 )
 
@@ -271,13 +272,7 @@ def _task_and_options(task: RegisteredTask[Any, Any] | TaskWithOptions | str) ->
     if isinstance(task, RegisteredTask):
         return task.name, {}
     if isinstance(task, TaskWithOptions):
-        return task.task.name, {
-            "queue": task.queue_name,
-            "priority": task.priority,
-            "run_at": task.due(),
-            "max_attempts": task.max_attempts,
-            "unique_key": task.unique_key,
-        }
+        return task.task.name, task.options()
     raise TypeError(
         f"a batch member is a registered task, task.using(...) or a name, got {type(task).__name__}"
     )
@@ -300,10 +295,13 @@ def callback_specs(
         what = f"on_{on}"
         params: Mapping[str, Any] = {}
         target: Any = callback
-        if isinstance(callback, tuple):
+        if isinstance(callback, TaskCall):
+            target, params = callback.with_options or callback.task, callback.params
+        elif isinstance(callback, tuple):
             if len(callback) != 2 or not isinstance(callback[1], Mapping):
                 raise TypeError(
-                    f"{what}: give a task, task.using(...), or (task, {{params}}), got {callback!r}"
+                    f"{what}: give a task, task.using(...), task.call(...) or (task, {{params}}), "
+                    f"got {callback!r}"
                 )
             target, params = callback
         if isinstance(target, RegisteredTask):
@@ -312,8 +310,8 @@ def callback_specs(
             task, options = target.task, target
         else:
             raise TypeError(
-                f"{what}: a callback is a registered task, task.using(...) or (task, {{params}}), "
-                f"got {type(target).__name__}"
+                f"{what}: a callback is a registered task, task.using(...), task.call(...) "
+                f"or (task, {{params}}), got {type(target).__name__}"
             )
         if BATCH_PARAM in params:
             raise ValueError(f"{what}: the param {BATCH_PARAM!r} is the batch's own (its id and counts)")

@@ -19,6 +19,7 @@ from sa_taskqueue.core.claimed import ClaimedTask
 from sa_taskqueue.core.claimed_params import json_loads
 from sa_taskqueue.features.concurrency import ConcurrencyClaims
 from sa_taskqueue.features.pausing import QueuePauses
+from sa_taskqueue.features.workflows.bookkeeping import after_final
 from sa_taskqueue.health.explain import explain
 from sa_taskqueue.queue.parts import QueueParts
 from sa_taskqueue.strategies.base import ClaimStrategy
@@ -147,7 +148,7 @@ class Claims:
         strategy = parts.strategy
         with parts.database_errors():
             now = parts.clock()
-            recovered = parts.call(lambda: strategy.recover(parts.engine, parts.table, now))
+            recovered = parts.call(lambda: strategy.recover(parts.engine, parts.table, now, after_final))
         if recovered:
             logger.warning("recovered %d task(s) from workers that are gone", recovered)
         return recovered

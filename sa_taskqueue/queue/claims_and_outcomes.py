@@ -90,7 +90,20 @@ class ClaimsAndOutcomes:
             return written, self.claim(
                 limit=limit, queues=queues, worker_id=worker_id, names=names, limited_recheck=limited_recheck
             )
-        return self._claims.complete_and_claim(plan, tasks, values)
+        if any(task.in_workflow for task in tasks):
+            # Tasks in a batch or with dependents first, through the workflow
+            # path (`final_writes`); the plain ones with the claim.
+            flow = [(task, value) for task, value in zip(tasks, values, strict=True) if task.in_workflow]
+            written_first = self._outcomes.complete_many([task for task, _ in flow], [v for _, v in flow])
+            pairs = [(task, value) for task, value in zip(tasks, values, strict=True) if not task.in_workflow]
+            tasks, values = [task for task, _ in pairs], [value for _, value in pairs]
+        else:
+            written_first = set()
+        written, claimed_now = self._claims.complete_and_claim(plan, tasks, values)
+        if len(written) < len(tasks):
+            # Some not written: perhaps a dependent was added while they ran.
+            written |= self._outcomes.complete_rerouted(tasks, values, written)
+        return written | written_first, claimed_now
 
     def recheck_limited(self) -> None:
         """Let the next claim look for limited tasks again (tasks were enqueued, or a slot was freed).

@@ -18,15 +18,16 @@ from sqlalchemy.orm import Session
 
 from sa_taskqueue.core import validation
 from sa_taskqueue.core.at_commit import emit_at_commit
-from sa_taskqueue.core.batch_members import count_members, uncount_members
+from sa_taskqueue.core.batch_members import count_finished_at_insert, count_members, uncount_members
 from sa_taskqueue.core.bulk_insert import insert_rows
 from sa_taskqueue.core.events import EnqueueEvent, EventKind, EventStream, TaskEvent
 from sa_taskqueue.core.exceptions import missing_table_errors
-from sa_taskqueue.core.model import TaskMixin
+from sa_taskqueue.core.model import TaskMixin, check_parents
 from sa_taskqueue.core.notify import notify_enqueued
 from sa_taskqueue.core.registered import RegisteredTask
 from sa_taskqueue.core.task_rows import TaskRows
 from sa_taskqueue.features import unique
+from sa_taskqueue.features.workflows import dependencies
 from sa_taskqueue.queue.parts import QueueParts
 
 P = ParamSpec("P")
@@ -94,9 +95,18 @@ class Enqueuing:
 
     @_schema_missing_named
     def insert(
-        self, session: Session, rows: Sequence[Mapping[str, Any]], chunk_size: int
+        self,
+        session: Session,
+        rows: Sequence[Mapping[str, Any]],
+        chunk_size: int,
+        depends_on: list[TaskMixin | int] | None = None,
+        on_parent_failure: str | None = None,
     ) -> list[int] | None:
-        """Many rows in the session's transaction, without ORM objects; their ids where the database says."""
+        """Many rows in the session's transaction, without ORM objects; their ids where the database says.
+
+        With ``depends_on``, every row depends on those parents
+        (`dependencies.insert_dependents`), and the ids are always returned.
+        """
         if not rows:
             return []
         table = self._parts.table
@@ -108,41 +118,45 @@ class Enqueuing:
                 rows = _with_headers(rows, announced.headers)
         else:
             announced = None
+        batch_id = rows[0].get("batch_id")  # (one batch for all rows of a call)
+        counted = False
         try:
+            if batch_id is not None:
+                # Counted into the batch first: a closed batch refuses them before any row is written.
+                count_members(
+                    session.connection(bind_arguments={"clause": table}), table, {batch_id: len(rows)}
+                )
+                counted = True
             if "unique_key" in rows[0]:  # (a key for one row is a key for all: unique_key or unique_by)
                 ids, new = unique.add_many_or_find(session, table, rows)
+            elif depends_on:
+                ids, status = dependencies.insert_dependents(
+                    session, table, rows, depends_on, on_parent_failure, self._parts.clock(), chunk_size
+                )
+                if status.value == "queued":
+                    notify_enqueued(session, table, {row["queue"] for row in rows})
+                elif batch_id is not None:
+                    # Cancelled at once (a parent failed): no final write will count them.
+                    count_finished_at_insert(session.connection(), table, batch_id, status, len(rows))
+                new = list(range(len(rows)))
             else:
-                ids = self._insert_rows(session, rows, chunk_size)
+                ids = insert_rows(session.connection(), table, rows, chunk_size=chunk_size)
                 queues = (
                     rows.distinct("queue") if isinstance(rows, TaskRows) else {row["queue"] for row in rows}
                 )
                 notify_enqueued(session, table, queues)
                 new = list(range(len(rows)))
         except BaseException as error:
+            if counted and batch_id is not None:
+                # A transaction a failed INSERT leaves usable (MySQL, SQLite) must not keep the count.
+                with contextlib.suppress(Exception):
+                    uncount_members(session.connection(), table, batch_id, len(rows))
             _tell(announced, None, error)
             raise
         _tell(announced, [None] * len(rows) if ids is None else ids, None)
         if self._events.wants(EventKind.ENQUEUED):
             self._enqueued_at_commit(session, [(None if ids is None else ids[i], rows[i]) for i in new])
         return ids
-
-    def _insert_rows(
-        self, session: Session, rows: Sequence[Mapping[str, Any]], chunk_size: int
-    ) -> list[int] | None:
-        """The rows inserted; members of a batch counted into it first (`BatchClosed`: nothing written)."""
-        table = self._parts.table
-        connection = session.connection(bind_arguments={"clause": table})
-        batch_id = rows[0].get("batch_id")  # (one batch for all rows of a call)
-        if batch_id is None:
-            return insert_rows(connection, table, rows, chunk_size=chunk_size)
-        count_members(connection, table, {batch_id: len(rows)})
-        try:
-            return insert_rows(connection, table, rows, chunk_size=chunk_size)
-        except BaseException:
-            # A transaction a failed INSERT leaves usable (MySQL, SQLite) must not keep the count.
-            with contextlib.suppress(Exception):
-                uncount_members(connection, table, batch_id, len(rows))
-            raise
 
     def _enqueuing(self, name: str, queue: str, count: int) -> EnqueueEvent | None:
         """``ENQUEUING`` emitted, if anyone listens, before the rows are written: with what was added."""
@@ -176,11 +190,14 @@ class Enqueuing:
         run_at: datetime | None,
         max_attempts: int | None,
         unique_key: str | None = None,
+        depends_on: Any = None,
+        on_parent_failure: str | None = None,
     ) -> dict[str, Any]:
         """A registered task's row: the call's values, else the registration's defaults, all checked.
 
         Params are checked against the task function's signature too.  A
-        ``unique_key`` column is there only for a keyed task.
+        ``unique_key`` column is there only for a keyed task; ``depends_on``
+        (checked) only for a dependent one, with its ``on_parent_failure``.
         """
         if not isinstance(name, str):
             raise TypeError(f"name must be a string, got {type(name).__name__}")
@@ -199,7 +216,13 @@ class Enqueuing:
             now=self._parts.clock(),
             limits=self._parts.limits,
         )
-        return self._with_params(registered, values, values["params"], unique_key)
+        values = self._with_params(registered, values, values["params"], unique_key)
+        parents = check_dependencies(depends_on, on_parent_failure, values)
+        if parents:
+            values["depends_on"] = parents
+            if on_parent_failure is not None:
+                values["on_parent_failure"] = on_parent_failure
+        return values
 
     def many_task_values(
         self,
@@ -250,6 +273,26 @@ class Enqueuing:
         if key is not None:
             values["unique_key"] = key
         return values
+
+
+def check_dependencies(
+    depends_on: Any, on_parent_failure: str | None, values: Mapping[str, Any]
+) -> list[TaskMixin | int] | None:
+    """``depends_on`` (None or empty: none) and ``on_parent_failure`` checked; refused with a unique key."""
+    dependencies.check_policy(on_parent_failure)
+    if depends_on is None:
+        if on_parent_failure is not None:
+            raise ValueError(
+                "on_parent_failure is given without depends_on: it says what a parent's failure does"
+            )
+        return None
+    parents = check_parents(depends_on)
+    if parents and "unique_key" in values:
+        raise ValueError(
+            "a task with a unique key cannot have depends_on: its key is held only while it is queued "
+            "or running, and a waiting task released later could clash with another holding it"
+        )
+    return parents
 
 
 def _tell(

@@ -4,7 +4,8 @@ Completions, failures (retried with backoff while attempts remain),
 releases, the completion a transactional task writes in its own
 transaction, and lease renewals.  Each write changes a row only while the
 claim that took it still holds it, and says whether it did; the SQL is the
-strategy's.
+strategy's.  The final writes of tasks in a batch or with dependents go
+through the workflow bookkeeping (`sa_taskqueue.features.workflows.final_writes`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from sa_taskqueue.core.claimed import ClaimedTask
 from sa_taskqueue.core.error_text import format_error
 from sa_taskqueue.core.model import TaskStatus
 from sa_taskqueue.core.registered import DEFAULT_RETRY_DELAY, RegisteredTask, retry_delay
+from sa_taskqueue.features.workflows import final_writes
 from sa_taskqueue.queue.parts import QueueParts
 from sa_taskqueue.strategies.lease import LEASE_EXPIRED_ERROR
 
@@ -51,7 +53,21 @@ class Outcomes:
         now = parts.clock()
         strategy = parts.strategy
         with parts.database_errors():
-            return parts.call(lambda: strategy.complete_many(parts.engine, parts.table, tasks, values, now))
+            return parts.call(
+                lambda: final_writes.complete_many(strategy, parts.engine, parts.table, tasks, values, now)
+            )
+
+    def complete_rerouted(self, tasks: list[ClaimedTask], values: list[Any], written: set[int]) -> set[int]:
+        """Of plain ``tasks`` a completion did not write, those that gained dependents, completed now."""
+        parts = self._parts
+        now = parts.clock()
+        strategy = parts.strategy
+        with parts.database_errors():
+            return parts.call(
+                lambda: final_writes.complete_rerouted(
+                    strategy, parts.engine, parts.table, tasks, values, now, written
+                )
+            )
 
     @staticmethod
     def checked_completions(
@@ -96,7 +112,9 @@ class Outcomes:
         ]
         strategy = parts.strategy
         with parts.database_errors():
-            return parts.call(lambda: strategy.fail_many(parts.engine, parts.table, tasks, values, now))
+            return parts.call(
+                lambda: final_writes.fail_many(strategy, parts.engine, parts.table, tasks, values, now)
+            )
 
     def failure_values(
         self, claimed: ClaimedTask, error: BaseException | str, now: datetime, *, retry: bool
@@ -132,7 +150,7 @@ class Outcomes:
         with parts.database_errors():
             # (The fenced UPDATE announces the finished task itself, where the
             # database has a channel: `LeaseWrites.write_if_held`.)
-            return parts.strategy.complete_on(conn, parts.table, claimed, values, now)
+            return final_writes.complete_on(parts.strategy, conn, parts.table, claimed, values, now)
 
     def let_go(self, claimed: ClaimedTask) -> None:
         parts = self._parts
@@ -169,7 +187,9 @@ class Outcomes:
         parts = self._parts
         strategy = parts.strategy
         with parts.database_errors():
-            return parts.call(lambda: strategy.finish(parts.engine, parts.table, claimed, values, now))
+            return parts.call(
+                lambda: final_writes.finish(strategy, parts.engine, parts.table, claimed, values, now)
+            )
 
     def retry_delay(self, claimed: ClaimedTask) -> timedelta:
         registered = self._tasks.get(claimed.name)

@@ -21,7 +21,7 @@ from sa_taskqueue.core.event_loop_bridge import asyncio_extension
 from sa_taskqueue.core.events import EventStream
 from sa_taskqueue.core.exceptions import FootingReport
 from sa_taskqueue.core.model import Task, TaskMixin, TaskStatus
-from sa_taskqueue.core.registered import DEFAULT_RETRY_DELAY, RegisteredTask
+from sa_taskqueue.core.registered import DEFAULT_RETRY_DELAY, RegisteredTask, TaskCall
 from sa_taskqueue.core.task_rows import TaskRows
 from sa_taskqueue.core.types import utcnow
 from sa_taskqueue.core.unawaited import EnqueueCoroutine
@@ -32,6 +32,7 @@ from sa_taskqueue.features.pausing import QueuePauses
 from sa_taskqueue.features.results import DEFAULT_POLL_INTERVAL, Results
 from sa_taskqueue.features.retention import Retention
 from sa_taskqueue.features.schedules import EnqueuedSlot, PeriodicTask, Schedule, Schedules
+from sa_taskqueue.features.workflows.dependencies import parent_results
 from sa_taskqueue.health import HealthThresholds, TableHealth, measure_table_health
 from sa_taskqueue.health.self_test import check_footing
 from sa_taskqueue.queue.attached import run_attached
@@ -39,7 +40,7 @@ from sa_taskqueue.queue.batching import Batch, BatchOperations
 from sa_taskqueue.queue.cancelling import RunningTaskControl
 from sa_taskqueue.queue.claiming import Claims
 from sa_taskqueue.queue.claims_and_outcomes import ClaimsAndOutcomes
-from sa_taskqueue.queue.enqueuing import Enqueuing
+from sa_taskqueue.queue.enqueuing import Enqueuing, check_dependencies
 from sa_taskqueue.queue.live import LiveWorkersListing
 from sa_taskqueue.queue.outcomes import Outcomes
 from sa_taskqueue.queue.parts import QueueParts
@@ -320,6 +321,8 @@ class TaskQueue(ClaimsAndOutcomes, LiveWorkersListing, RunningTaskControl, Batch
         run_at: datetime | None = None,
         max_attempts: int | None = None,
         unique_key: str | None = None,
+        depends_on: Iterable[TaskMixin | int] | None = None,
+        on_parent_failure: str | None = None,
         batch: Batch | int | None = None,
     ) -> TaskMixin: ...
 
@@ -335,6 +338,8 @@ class TaskQueue(ClaimsAndOutcomes, LiveWorkersListing, RunningTaskControl, Batch
         run_at: datetime | None = None,
         max_attempts: int | None = None,
         unique_key: str | None = None,
+        depends_on: Iterable[TaskMixin | int] | None = None,
+        on_parent_failure: str | None = None,
         batch: Batch | int | None = None,
     ) -> Coroutine[Any, Any, TaskMixin]: ...
 
@@ -349,6 +354,8 @@ class TaskQueue(ClaimsAndOutcomes, LiveWorkersListing, RunningTaskControl, Batch
         run_at: datetime | None = None,
         max_attempts: int | None = None,
         unique_key: str | None = None,
+        depends_on: Iterable[TaskMixin | int] | None = None,
+        on_parent_failure: str | None = None,
         batch: Batch | int | None = None,
     ) -> TaskMixin | Coroutine[Any, Any, TaskMixin]:
         """Add a task to the caller's ``session`` and flush it; the caller commits.
@@ -365,12 +372,29 @@ class TaskQueue(ClaimsAndOutcomes, LiveWorkersListing, RunningTaskControl, Batch
         written and that task is returned, loaded in ``session``
         (`sa_taskqueue.features.unique`).
 
+        With ``depends_on`` (tasks, as enqueue returns them, or task ids) the
+        task waits (status WAITING, never claimed) until every one of them
+        has finished, then runs; a parent that fails or is cancelled cancels
+        it, unless ``on_parent_failure="run"`` (see
+        `sa_taskqueue.features.workflows.dependencies`).  A unique key and
+        ``depends_on`` together are refused.
+
         With a ``batch`` (a `Batch` or its id), the task joins that open
         batch, which counts it in this transaction; a closed batch raises
         `BatchClosed` with nothing written.  A batch member cannot have a
         unique key.
         """
-        values = self._enqueuing.task_values(name, params, queue, priority, run_at, max_attempts, unique_key)
+        values = self._enqueuing.task_values(
+            name,
+            params,
+            queue,
+            priority,
+            run_at,
+            max_attempts,
+            unique_key,
+            depends_on=depends_on,
+            on_parent_failure=on_parent_failure,
+        )
         if batch is not None:
             values["batch_id"] = _member_of(batch, "unique_key" in values)
         if _is_async_session(session):
@@ -393,6 +417,8 @@ class TaskQueue(ClaimsAndOutcomes, LiveWorkersListing, RunningTaskControl, Batch
         max_attempts: int | None = None,
         chunk_size: int = 1000,
         unique_key: str | None = None,
+        depends_on: Iterable[TaskMixin | int] | None = None,
+        on_parent_failure: str | None = None,
         batch: Batch | int | None = None,
     ) -> list[int] | None: ...
 
@@ -409,6 +435,8 @@ class TaskQueue(ClaimsAndOutcomes, LiveWorkersListing, RunningTaskControl, Batch
         max_attempts: int | None = None,
         chunk_size: int = 1000,
         unique_key: str | None = None,
+        depends_on: Iterable[TaskMixin | int] | None = None,
+        on_parent_failure: str | None = None,
         batch: Batch | int | None = None,
     ) -> Coroutine[Any, Any, list[int] | None]: ...
 
@@ -424,6 +452,8 @@ class TaskQueue(ClaimsAndOutcomes, LiveWorkersListing, RunningTaskControl, Batch
         max_attempts: int | None = None,
         chunk_size: int = 1000,
         unique_key: str | None = None,
+        depends_on: Iterable[TaskMixin | int] | None = None,
+        on_parent_failure: str | None = None,
         batch: Batch | int | None = None,
     ) -> list[int] | Coroutine[Any, Any, list[int] | None] | None:
         """Add one task per params dict in the caller's transaction; the caller commits.
@@ -441,6 +471,10 @@ class TaskQueue(ClaimsAndOutcomes, LiveWorkersListing, RunningTaskControl, Batch
         go one INSERT each, as ``enqueue`` writes them; a row whose key is
         held, by an earlier row of the call or by a queued or running task,
         gets that task's id.
+
+        With ``depends_on``, every row depends on those tasks, as in
+        `enqueue`; the ids are then returned on every database (MySQL takes
+        one INSERT per row for it).
         """
         validation.check_positive_int("chunk_size", chunk_size)
         params_list = list(params_list)
@@ -455,12 +489,109 @@ class TaskQueue(ClaimsAndOutcomes, LiveWorkersListing, RunningTaskControl, Batch
         )
         if batch is not None and rows:
             rows = _in_batch(rows, _member_of(batch, "unique_key" in rows[0]))
+        parents = check_dependencies(depends_on, on_parent_failure, rows[0] if rows else {})
+
+        def insert(sync_session: Session) -> list[int] | None:
+            return self._enqueuing.insert(sync_session, rows, chunk_size, parents, on_parent_failure)
+
         if _is_async_session(session):
             return EnqueueCoroutine(
-                _in_async_session(session, lambda sync: self._enqueuing.insert(sync, rows, chunk_size)),
+                _in_async_session(session, insert),
                 f"the enqueue_many of {len(rows)} run(s) of task {name!r}",
             )
-        return self._enqueuing.insert(cast("Session", session), rows, chunk_size)
+        return insert(cast("Session", session))
+
+    @overload
+    def chain(
+        self,
+        session: Session | scoped_session[Any],
+        /,
+        *steps: TaskCall,
+        on_parent_failure: str | None = None,
+    ) -> list[TaskMixin]: ...
+
+    @overload
+    def chain(
+        self,
+        session: AsyncSession | async_scoped_session[Any],
+        /,
+        *steps: TaskCall,
+        on_parent_failure: str | None = None,
+    ) -> Coroutine[Any, Any, list[TaskMixin]]: ...
+
+    def chain(
+        self,
+        session: Session | scoped_session[Any] | AsyncSession | async_scoped_session[Any],
+        /,
+        *steps: TaskCall,
+        on_parent_failure: str | None = None,
+    ) -> list[TaskMixin] | Coroutine[Any, Any, list[TaskMixin]]:
+        """Enqueue ``steps`` so that each runs once the one before it has completed; the rows, in order.
+
+        ``queue.chain(session, fetch.call(url=u), parse.call(), store.using(queue="db").call())``:
+        each step after the first depends on the one before (``depends_on``),
+        and reads its result with ``current_task().parent_result()``.  A step
+        that fails for good (or is cancelled) cancels the rest of the chain,
+        unless ``on_parent_failure="run"`` (then every later step runs
+        regardless).  Every step is checked before anything is written; the
+        caller commits, as with `enqueue`.  A step after the first cannot
+        have a unique key.
+        """
+        if not steps:
+            raise ValueError("chain needs at least one step: task.call(**params)")
+        values: list[dict[str, Any]] = []
+        for index, step in enumerate(steps):
+            if not isinstance(step, TaskCall):
+                raise TypeError(
+                    f"chain step {index + 1} must be task.call(**params) or task.using(...).call(**params), "
+                    f"got {step!r}"
+                )
+            options = step.options()
+            step_values = self._enqueuing.task_values(
+                step.task.name,
+                step.params,
+                options.get("queue"),
+                options.get("priority"),
+                options.get("run_at"),
+                options.get("max_attempts"),
+                options.get("unique_key"),
+                depends_on=options.get("depends_on"),
+                on_parent_failure=options.get("on_parent_failure"),
+            )
+            if index and "unique_key" in step_values:
+                raise ValueError(
+                    f"chain step {index + 1} has a unique key: a step after the first waits for the one "
+                    "before it, and a waiting task cannot hold a unique key"
+                )
+            values.append(step_values)
+        check_dependencies([], on_parent_failure, {})
+
+        def enqueue_steps(sync_session: Session) -> list[TaskMixin]:
+            rows: list[TaskMixin] = []
+            for step_values in values:
+                if rows:
+                    parents = [rows[-1], *step_values.get("depends_on", [])]
+                    step_values = {**step_values, "depends_on": parents}
+                    if on_parent_failure is not None and "on_parent_failure" not in step_values:
+                        step_values["on_parent_failure"] = on_parent_failure
+                rows.append(self._enqueuing.add(sync_session, step_values))
+            return rows
+
+        if _is_async_session(session):
+            return EnqueueCoroutine(
+                _in_async_session(session, enqueue_steps), f"the chain of {len(steps)} step(s)"
+            )
+        return enqueue_steps(cast("Session", session))
+
+    def parent_results(self, task_id: int) -> dict[int, Any]:
+        """The results of task ``task_id``'s parents (``depends_on``), by parent id; None for one without.
+
+        What a running task reads with ``current_task().parent_results()``.
+        """
+        validation.check_task_id(task_id)
+        parts = self._parts
+        with parts.database_errors():
+            return parts.call(lambda: parent_results(parts.engine, parts.table, task_id))
 
     def explain_claim(self, *, limit: int = 10, queues: Sequence[str] | None = None) -> str:
         """The database's plan for the statement a claim runs to find its rows (nothing is claimed).

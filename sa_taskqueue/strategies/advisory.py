@@ -36,7 +36,7 @@ from sqlalchemy.exc import DBAPIError
 
 from sa_taskqueue.backends import SERVED_BY, backend_for
 from sa_taskqueue.core.claimed import ClaimedTask, ClaimKey
-from sa_taskqueue.core.finished import notify_finished
+from sa_taskqueue.core.finished import AfterFinal, notify_finished
 from sa_taskqueue.core.model import TaskStatus, has_status
 from sa_taskqueue.core.rate_limit import Rates
 from sa_taskqueue.strategies.base import ClaimStrategy
@@ -48,7 +48,7 @@ from sa_taskqueue.strategies.claiming import (
     read_back,
     whole_row,
 )
-from sa_taskqueue.strategies.lease import orphan_values, same_claim
+from sa_taskqueue.strategies.lease import Then, orphan_values, orphans_failed, same_claim
 from sa_taskqueue.strategies.limited import (
     Limits,
     assign_slots,
@@ -324,7 +324,14 @@ class AdvisoryLockStrategy(ClaimStrategy):
         return written
 
     def complete_on(
-        self, conn: Connection, table: Table, task: ClaimedTask, values: Any, now: datetime
+        self,
+        conn: Connection,
+        table: Table,
+        task: ClaimedTask,
+        values: Any,
+        now: datetime,
+        *,
+        workflow: bool = False,
     ) -> bool:
         """The fenced completion of a transactional task, on its own connection, not the lock holder's.
 
@@ -342,7 +349,47 @@ class AdvisoryLockStrategy(ClaimStrategy):
         waits for our commit and then finds the row COMPLETED, and leaves it.
         Either way exactly one of them changes the row.
         """
-        return self.write_if_held(conn, table, task, values, now)
+        return self.write_if_held(conn, table, task, values, now, workflow=workflow)
+
+    def finish_then(
+        self, engine: Engine, table: Table, task: ClaimedTask, values: Any, now: datetime, then: Then
+    ) -> bool:
+        # In a transaction on another connection, as a transactional task's
+        # completion is (`complete_on`): the lock goes once it has ended.
+        try:
+            return super().finish_then(engine, table, task, values, now, then)
+        finally:
+            self.settled(task)
+
+    def complete_many_then(
+        self,
+        engine: Engine,
+        table: Table,
+        tasks: Sequence[ClaimedTask],
+        results: Sequence[Any],
+        now: datetime,
+        then: Then,
+    ) -> set[int]:
+        try:
+            return super().complete_many_then(engine, table, tasks, results, now, then)
+        finally:
+            for task in tasks:
+                self.settled(task)
+
+    def fail_many_then(
+        self,
+        engine: Engine,
+        table: Table,
+        tasks: Sequence[ClaimedTask],
+        values: Sequence[Mapping[str, Any]],
+        now: datetime,
+        then: Then,
+    ) -> set[int]:
+        try:
+            return super().fail_many_then(engine, table, tasks, values, now, then)
+        finally:
+            for task in tasks:
+                self.settled(task)
 
     def settled(self, task: ClaimedTask) -> None:
         # Only now may the lock go: released earlier, recovery could take it
@@ -399,7 +446,9 @@ class AdvisoryLockStrategy(ClaimStrategy):
             if not holder.claims:
                 holder.conn.close()
 
-    def recover(self, engine: Engine, table: Table, now: datetime) -> int:
+    def recover(
+        self, engine: Engine, table: Table, now: datetime, after_final: AfterFinal | None = None
+    ) -> int:
         """Give back running tasks whose lock is free: their worker's connection is gone."""
         locks = AdvisoryLocks(engine, table)
         conn = engine.connect().execution_options(isolation_level="AUTOCOMMIT")
@@ -420,16 +469,20 @@ class AdvisoryLockStrategy(ClaimStrategy):
             orphans = locks.try_lock(conn, [task_id for task_id in running if task_id not in ours])
             recovered = 0
             if orphans:
-                result = conn.execute(
-                    update(table)
-                    .where(table.c.id.in_(orphans), has_status(table, TaskStatus.RUNNING))
-                    .values(**orphan_values(table, now, WORKER_LOST_ERROR))
-                )
-                recovered = result.rowcount
-                # Those out of attempts are FAILED now.  The connection is in
-                # autocommit, so this goes out after the UPDATE committed: a
-                # waiter woken by it reads the new status.
-                notify_finished(conn, table, orphans)
+                # In a transaction of its own, on another connection, while
+                # this one holds the locks: the workflow bookkeeping of the
+                # tasks that end FAILED goes in it.
+                with engine.begin() as written:
+                    result = written.execute(
+                        update(table)
+                        .where(table.c.id.in_(orphans), has_status(table, TaskStatus.RUNNING))
+                        .values(**orphan_values(table, now, WORKER_LOST_ERROR))
+                    )
+                    recovered = result.rowcount
+                    if after_final is not None:
+                        orphans_failed(written, table, orphans, now, WORKER_LOST_ERROR, after_final)
+                    # Those out of attempts are FAILED now: told at commit.
+                    notify_finished(written, table, orphans)
                 locks.unlock(conn, orphans)
         except BaseException:
             conn.invalidate()

@@ -144,7 +144,9 @@ def claimed_values(table: Table, request: ClaimRequest) -> dict[str, Any]:
 #: task is what the claim itself wrote, known without asking; and each column
 #: read costs the driver and SQLAlchemy a few microseconds a row.
 #: ``headers`` too, so that a worker has the trace context a task carries with no statement of its own
-#: (NULL, a few bytes on the wire, when the enqueue carried none).
+#: (NULL, a few bytes on the wire, when the enqueue carried none); and ``batch_id`` and
+#: ``has_dependents``, so that a workflow task's final write takes the workflow path at once (NULL
+#: for a plain task).
 READ_BACK = (
     "id",
     "name",
@@ -156,6 +158,8 @@ READ_BACK = (
     "run_at",
     "created_at",
     "headers",
+    "batch_id",
+    "has_dependents",
 )
 #: The JSON columns a claim reads as text, decoded by whoever needs them, row by row.
 _READ_AS_TEXT = frozenset({"params", "headers"})

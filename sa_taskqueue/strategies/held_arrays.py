@@ -54,7 +54,8 @@ def complete_from_arrays_statement(table: Table, now_param: str) -> Any:
     """The UPDATE completing every held task named in `HELD_CLAIMS`, each under its own claim test.
 
     Parameters: `HELD_IDS` and `HELD_CLAIMS` (see `held_claims`),
-    ``now_param`` (the lease test's time) and ``finished_now``.
+    ``now_param`` (the lease test's time) and ``finished_now``.  Tasks with
+    dependents are left alone (``has_dependents IS NULL``).
     """
     # SQLAlchemy's generic ARRAY and JSON: the dialect that runs the
     # statement (one whose backend has `completes_from_arrays`) renders its own.
@@ -82,6 +83,9 @@ def complete_from_arrays_statement(table: Table, now_param: str) -> Any:
             table.c.started_at == held.c.started_at,
             has_status(table, TaskStatus.RUNNING),
             table.c.locked_until > bindparam(now_param, type_=table.c.locked_until.type),
+            # Plain tasks only: one that gained a dependent while it ran is
+            # written by the workflow path (`sa_taskqueue.strategies.lease`).
+            table.c.has_dependents.is_(None),
         )
         .values(
             status=TaskStatus.COMPLETED,

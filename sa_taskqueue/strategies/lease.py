@@ -5,6 +5,16 @@ lease (``locked_until``).  Every write out of RUNNING is one UPDATE guarded by
 that identity, and by the lease where the strategy says leases decide, so a
 worker that lost its task (its lease ran out and another worker claimed it)
 writes nothing: its UPDATE matches no row.
+
+The final writes of plain tasks (complete, fail for good, cancel) carry one
+more test, written into the SQL: ``has_dependents IS NULL`` (`no_dependents`).
+A task that gained a dependent while it ran (the enqueue of the dependent
+sets the flag under the row's lock) is then not written by them, and its
+caller writes it again through the workflow path: the same fenced UPDATE
+without that test, and the bookkeeping in its transaction (`finish_then`,
+`complete_many_then`, `fail_many_then`).  So no completion can miss a
+dependent, and plain tasks pay no statement for it.  Lease renewals and
+give-backs do not carry the test: they end nothing.
 """
 
 from __future__ import annotations
@@ -34,7 +44,7 @@ from sqlalchemy import (
 
 from sa_taskqueue.backends import backend_for
 from sa_taskqueue.core.claimed import ClaimedTask
-from sa_taskqueue.core.finished import announced_ids, announcing, notify_finished
+from sa_taskqueue.core.finished import AfterFinal, FinishedTask, announced_ids, announcing, notify_finished
 from sa_taskqueue.core.model import FINISHED_STATUSES, TaskStatus, has_status
 from sa_taskqueue.core.types import UTCDateTime
 from sa_taskqueue.strategies.held_arrays import complete_from_arrays_statement, held_claims
@@ -60,6 +70,9 @@ HELD_BY = "held_by"
 HELD_ATTEMPTS = "held_attempts"
 HELD_STARTED_AT = "held_started_at"
 HELD_NOW = "held_now"
+
+#: Called in the transaction of a workflow path's fenced write, with the ids it wrote.
+Then = Callable[[Connection, set[int]], None]
 
 
 class LeaseWrites:
@@ -93,20 +106,33 @@ class LeaseWrites:
             return self.write_if_held(conn, table, task, values, now)
 
     def write_if_held(
-        self, conn: Connection, table: Table, task: ClaimedTask, values: Mapping[str, Any], now: datetime
+        self,
+        conn: Connection,
+        table: Table,
+        task: ClaimedTask,
+        values: Mapping[str, Any],
+        now: datetime,
+        *,
+        workflow: bool = False,
     ) -> bool:
         """Run the guarded UPDATE of `finish_statement` on ``conn``; True if it wrote the row.
 
         A final status (completed, failed) is announced on the finished
         channel where the database has one, in the same statement
         (`sa_taskqueue.core.finished.announcing`), so that a caller waiting for
-        the result wakes when it commits.
+        the result wakes when it commits.  A final status is written only to
+        a task without dependents (`no_dependents`), unless ``workflow``: the
+        caller then runs the bookkeeping in ``conn``'s transaction.
         """
         params = held_params(task, now)
-        announce = values.get("status") in FINISHED_STATUSES and backend_for(conn.dialect).notify
+        final = values.get("status") in FINISHED_STATUSES
+        announce = final and backend_for(conn.dialect).notify
+        fenced = final and not workflow
         if any(isinstance(value, ClauseElement) for value in values.values()):
             # Values holding SQL (release's ``attempts - 1``) are rare: built each time.
             statement = update(table).where(self.holds(table)).values(**values)
+            if fenced:
+                statement = statement.where(no_dependents(table))
             if announce:
                 return bool(announced_ids(conn.execute(announcing(statement, table), params).scalar()))
             return conn.execute(statement, params).rowcount == 1
@@ -118,25 +144,96 @@ class LeaseWrites:
                 .where(self.holds(table))
                 .values({name: bindparam(f"set_{name}", type_=table.c[name].type) for name in names})
             )
+            if fenced:
+                statement = statement.where(no_dependents(table))
             return announcing(statement, table) if announce else statement
 
-        prepared = self.executor.prepared(("finish", names, announce), conn.dialect, table, build)
+        prepared = self.executor.prepared(("finish", names, announce, fenced), conn.dialect, table, build)
         params.update({f"set_{name}": value for name, value in values.items()})
         if announce:
             return bool(announced_ids(prepared.execute(conn, params).scalar()))
         return prepared.execute(conn, params).rowcount == 1
 
     def complete_on(
-        self, conn: Connection, table: Table, task: ClaimedTask, values: Mapping[str, Any], now: datetime
+        self,
+        conn: Connection,
+        table: Table,
+        task: ClaimedTask,
+        values: Mapping[str, Any],
+        now: datetime,
+        *,
+        workflow: bool = False,
     ) -> bool:
         """`finish`'s fenced UPDATE, on ``conn`` inside its caller's open transaction; True if it wrote.
 
         A transactional task's completion: the caller commits its own writes
         with it only when it wrote, and rolls back otherwise.  Until that
         transaction ends the UPDATE holds the row's lock, so no recovery or
-        claim can take the task between the fence and the commit.
+        claim can take the task between the fence and the commit.  With
+        ``workflow`` the caller runs the bookkeeping on ``conn`` after it.
         """
-        return self.write_if_held(conn, table, task, values, now)
+        return self.write_if_held(conn, table, task, values, now, workflow=workflow)
+
+    def finish_then(
+        self,
+        engine: Engine,
+        table: Table,
+        task: ClaimedTask,
+        values: Mapping[str, Any],
+        now: datetime,
+        then: Then,
+    ) -> bool:
+        """`finish` for a workflow task: fenced UPDATE, then ``then``, in one transaction; True if written.
+
+        Without `no_dependents`' test: ``then`` is the bookkeeping that
+        releases the task's dependents and counts its batch.  It is called
+        only when the row was written, with its id.
+        """
+        with self.transaction(engine) as conn:
+            written = self.write_if_held(conn, table, task, values, now, workflow=True)
+            if written:
+                then(conn, {task.id})
+        return written
+
+    def complete_many_then(
+        self,
+        engine: Engine,
+        table: Table,
+        tasks: Sequence[ClaimedTask],
+        results: Sequence[Any],
+        now: datetime,
+        then: Then,
+    ) -> set[int]:
+        """`complete_many` for workflow tasks, then ``then`` with the ids written, in one transaction."""
+        with self.transaction(engine) as conn:
+            written: set[int] = set()
+            for start in range(0, len(tasks), COMPLETE_MANY_CHUNK):
+                chunk = slice(start, start + COMPLETE_MANY_CHUNK)
+                written |= self.complete_many_on(
+                    conn, table, tasks[chunk], results[chunk], now, workflow=True
+                )
+            if written:
+                then(conn, written)
+        return written
+
+    def fail_many_then(
+        self,
+        engine: Engine,
+        table: Table,
+        tasks: Sequence[ClaimedTask],
+        values: Sequence[Mapping[str, Any]],
+        now: datetime,
+        then: Then,
+    ) -> set[int]:
+        """`fail_many` for workflow tasks, then ``then`` with the ids written, in one transaction."""
+        with self.transaction(engine) as conn:
+            written: set[int] = set()
+            for start in range(0, len(tasks), FAIL_MANY_CHUNK):
+                chunk = slice(start, start + FAIL_MANY_CHUNK)
+                written |= self.fail_many_on(conn, table, tasks[chunk], values[chunk], now, workflow=True)
+            if written:
+                then(conn, written)
+        return written
 
     def settled(self, task: ClaimedTask) -> None:
         """The transaction that ran `complete_on` for ``task`` has ended: let go of what else held it.
@@ -178,12 +275,15 @@ class LeaseWrites:
         tasks: Sequence[ClaimedTask],
         results: Sequence[Any],
         now: datetime,
+        *,
+        workflow: bool = False,
     ) -> set[int]:
         """`complete_many` of at most `COMPLETE_MANY_CHUNK` tasks, on ``conn`` in its caller's transaction.
 
         For a caller that commits the completion together with more of its
         own (`ClaimStrategy.complete_and_claim`): a value per column and
-        task, one statement.
+        task, one statement.  Tasks with dependents are left alone unless
+        ``workflow`` (`write_if_held`).
         """
         count = len(tasks)
         with_results = any(result is not None for result in results)
@@ -195,13 +295,17 @@ class LeaseWrites:
         # statement that also sends the ids written: one round trip still.
         announce = backend.notify
 
+        fenced = not workflow
+
         def build() -> Any:
             if announce:
-                return announcing(complete_many_statement(table, count, with_results, returning=False), table)
-            return complete_many_statement(table, count, with_results, returning=returning)
+                return announcing(
+                    complete_many_statement(table, count, with_results, returning=False, fenced=fenced), table
+                )
+            return complete_many_statement(table, count, with_results, returning=returning, fenced=fenced)
 
         statement = self.executor.prepared(
-            ("complete_many", count, with_results, announce), conn.dialect, table, build
+            ("complete_many", count, with_results, announce, fenced), conn.dialect, table, build
         )
         params: dict[str, Any] = {HELD_NOW: now, "finished_now": now}
         for index, (task, result) in enumerate(zip(tasks, results, strict=True)):
@@ -249,40 +353,60 @@ class LeaseWrites:
                 len(tasks),
                 FAIL_MANY_CHUNK,
             )
+        with self.executor.single_statement(engine) as conn:
+            return self.fail_many_on(conn, table, tasks, values, now)
+
+    def fail_many_on(
+        self,
+        conn: Connection,
+        table: Table,
+        tasks: Sequence[ClaimedTask],
+        values: Sequence[Mapping[str, Any]],
+        now: datetime,
+        *,
+        workflow: bool = False,
+    ) -> set[int]:
+        """`fail_many` of at most `FAIL_MANY_CHUNK` tasks, on ``conn`` in its caller's transaction.
+
+        Tasks with dependents are left alone (retries too: the statement is
+        one for all its rows) unless ``workflow`` (`write_if_held`).
+        """
         count = len(tasks)
-        backend = backend_for(engine.dialect)
+        backend = backend_for(conn.dialect)
         # As in `complete_many`: a lone failure's row count says if it was written.
         returning = backend.update_returning and count > 1
         announce = backend.notify
         clears_slots = any("concurrency_slot" in row for row in values)
+        fenced = not workflow
 
         def build() -> Any:
             statement = fail_many_statement(table, count, clears_slots=clears_slots)
+            if fenced:
+                statement = statement.where(no_dependents(table))
             if announce:
                 return announcing(statement, table)
             return statement.returning(table.c.id) if returning else statement
 
         statement = self.executor.prepared(
-            ("fail_many", count, clears_slots, announce, returning), engine.dialect, table, build
+            ("fail_many", count, clears_slots, announce, returning, fenced), conn.dialect, table, build
         )
         params: dict[str, Any] = {HELD_NOW: now}
         for index, (task, row) in enumerate(zip(tasks, values, strict=True)):
             params.update(held_params(task, suffix=f"_{index}"))
             for name in FAILURE_COLUMNS:
                 params[f"{name}_{index}"] = row.get(name)
-        with self.executor.single_statement(engine) as conn:
-            written = statement.execute(conn, params)
-            told = ids_written(written, tasks, announced=announce, returning=returning)
-            if told is not None:
-                return told
-            if count == 1:
-                return set()
-            # Without RETURNING, and some rows not ours any more: the rows
-            # written are those holding, under one of these claims, exactly
-            # what this statement wrote to it: its status, and its finish
-            # (failed for good at ``now``) or its retry's time (``now``
-            # plus a backoff with jitter), never an earlier write's.
-            return set(conn.execute(written_failures(table, values), params).scalars())
+        written = statement.execute(conn, params)
+        told = ids_written(written, tasks, announced=announce, returning=returning)
+        if told is not None:
+            return told
+        if count == 1:
+            return set()
+        # Without RETURNING, and some rows not ours any more: the rows
+        # written are those holding, under one of these claims, exactly
+        # what this statement wrote to it: its status, and its finish
+        # (failed for good at ``now``) or its retry's time (``now``
+        # plus a backoff with jitter), never an earlier write's.
+        return set(conn.execute(written_failures(table, values), params).scalars())
 
     def _complete_from_arrays(
         self,
@@ -349,12 +473,16 @@ class LeaseWrites:
             ).first()
         return None if row is None else (TaskStatus(row[0]), row[1])
 
-    def recover(self, engine: Engine, table: Table, now: datetime) -> int:
+    def recover(
+        self, engine: Engine, table: Table, now: datetime, after_final: AfterFinal | None = None
+    ) -> int:
         """Give back tasks whose worker is gone; return how many.
 
         Here that means running tasks whose lease ended before ``now``: they go
         back to QUEUED, or to FAILED when they have used all their attempts
-        (the lost run counted as one).
+        (the lost run counted as one).  ``after_final``, given, is called in
+        the same transaction with the workflow tasks that ended FAILED
+        (`orphans_failed`).
         """
         with self.transaction(engine) as conn:
             expired = select(table.c.id).where(
@@ -372,6 +500,8 @@ class LeaseWrites:
                 )
                 .values(**orphan_values(table, now, LEASE_EXPIRED_ERROR))
             )
+            if after_final is not None:
+                orphans_failed(conn, table, ids, now, LEASE_EXPIRED_ERROR, after_final)
             # Those out of attempts are FAILED now: their waiters are told (the
             # others, queued again, read their row and wait on).
             notify_finished(conn, table, ids)
@@ -384,6 +514,38 @@ class LeaseWrites:
     def lock_rows(self, conn: Connection, query: Any) -> Any:
         """Turn a SELECT of rows this transaction will update into one safe to run concurrently."""
         return query
+
+
+def no_dependents(table: Table) -> ColumnElement[bool]:
+    """``has_dependents IS NULL``: the test a plain task's final write carries (no bound value)."""
+    return table.c.has_dependents.is_(None)
+
+
+def orphans_failed(
+    conn: Connection, table: Table, ids: Sequence[int], now: datetime, reason: str, after_final: AfterFinal
+) -> None:
+    """Recovery's workflow tasks among ``ids`` that it just wrote FAILED: ``after_final`` for them.
+
+    Read after recovery's UPDATE, in its transaction: the rows it wrote are
+    locked by it, so what is read is what it wrote.  Plain tasks are not
+    passed on.
+    """
+    rows = conn.execute(
+        select(table.c.id, table.c.batch_id, table.c.has_dependents).where(
+            table.c.id.in_(ids),
+            has_status(table, TaskStatus.FAILED),
+            table.c.finished_at == literal(now, UTCDateTime()),
+            table.c.last_error == reason,
+            or_(table.c.batch_id.is_not(None), table.c.has_dependents.is_not(None)),
+        )
+    ).all()
+    if rows:
+        after_final(
+            conn,
+            table,
+            [FinishedTask(row[0], TaskStatus.FAILED, row[1], bool(row[2])) for row in rows],
+            now,
+        )
 
 
 def in_chunks(write: Callable[[slice], set[int]], count: int, size: int) -> set[int]:
@@ -454,12 +616,15 @@ def held_params(task: ClaimedTask, now: datetime | None = None, *, suffix: str =
     return params
 
 
-def complete_many_statement(table: Table, count: int, with_results: bool, *, returning: bool) -> Any:
+def complete_many_statement(
+    table: Table, count: int, with_results: bool, *, returning: bool, fenced: bool = True
+) -> Any:
     """The UPDATE completing ``count`` held tasks at once, each under its own claim test.
 
     Its parameters are `held_params` names suffixed ``_0`` .. ``_{count-1}``,
     ``held_now``, ``finished_now`` and, ``with_results``, ``result_0`` ...
-    The rows are found by their ids, as in `same_claim`.
+    The rows are found by their ids, as in `same_claim`.  ``fenced``: only
+    tasks without dependents (`no_dependents`).
     """
     held = or_(*(claim_identity(table, f"_{index}") for index in range(count)))
     result: Any = None
@@ -488,6 +653,8 @@ def complete_many_statement(table: Table, count: int, with_results: bool, *, ret
             result=result,
         )
     )
+    if fenced:
+        statement = statement.where(no_dependents(table))
     return statement.returning(table.c.id) if returning else statement
 
 
@@ -578,6 +745,8 @@ __all__ = [
     "complete_many_statement",
     "fail_many_statement",
     "held_params",
+    "no_dependents",
     "orphan_values",
+    "orphans_failed",
     "same_claim",
 ]

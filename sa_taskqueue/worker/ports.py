@@ -33,6 +33,9 @@ class WorkerQueue(TransactionalQueue, ScheduleSource, Protocol):
     def events(self) -> EventStream:
         """The stream the worker emits its lifecycle events on; its log lines and hooks subscribe there."""
 
+    def parent_results(self, task_id: int) -> dict[int, Any]:
+        """The results of task ``task_id``'s parents, by id (what `TaskContext.parent_results` reads)."""
+
     @property
     def paused(self) -> PausedQueues:
         """The paused queues: kept fresh by the worker's `PauseWatch`, read again when they changed."""

@@ -196,7 +196,7 @@ class SlotRunner:
             self.finished(slot)
             self.emit.task(EventKind.LEASE_LOST, task)
             return
-        slot.context = TaskContext(task, self.progress_sink)
+        slot.context = TaskContext(task, self.progress_sink, self.queue.parent_results)
         token = set_current(slot.context)
         try:
             outcome = self._run(slot, registered)
