@@ -106,9 +106,10 @@ def workflow_cost(url: str, kind: str, tasks: int, batch: int) -> WorkflowCost:
             raise ValueError(f"unknown kind {kind!r}")
         session.commit()
     enqueue_statements, enqueue_cpu = counter.count - start_statements, time.process_time() - start_cpu
-    queue.claim(limit=1)  # warm: the strategy resolved, its statements prepared
+    warm = queue.claim(limit=1)  # warm: the strategy resolved, its statements prepared
+    queue.complete_many(warm)
     start_statements, start_cpu = counter.count, time.process_time()
-    done = 1
+    done = len(warm)
     pending = queue.claim(limit=batch)
     while pending:
         queue.complete_many(pending)
