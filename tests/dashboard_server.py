@@ -170,6 +170,8 @@ class Seeded:
     failed: int
     cancelled: int
     worker_id: str
+    #: Waits for the running task (``depends_on``).
+    waiting: int
 
 
 def enqueue(engine: sa.Engine, queue: tq.TaskQueue, name: str, params: dict[str, Any], **options: Any) -> int:
@@ -184,7 +186,7 @@ def seed(engine: sa.Engine, queue: tq.TaskQueue, *, extra_queued: int = 0) -> Se
 
     A real worker in burst mode runs two welcome mails to completion and one
     resize to its last failure (with the traceback the worker stores); a claim
-    left open keeps one task running; one is cancelled; the rest stay queued,
+    left open keeps one task running, and another waits for it; one is cancelled; the rest stay queued,
     ``extra_queued`` more of them for the pages that paginate.
     """
     completed = [enqueue(engine, queue, "mail.send_welcome", {"user_id": n}) for n in (1, 2)]
@@ -211,6 +213,11 @@ def seed(engine: sa.Engine, queue: tq.TaskQueue, *, extra_queued: int = 0) -> Se
     if claims[-1] != [running]:
         raise AssertionError(f"the seed's claim took {claims[-1]}, not task {running}")
 
+    with Session(engine) as session:
+        # In a queue of its own, so the pages' per-queue checks stay as they were.
+        params = {"path": "/next.png", "width": 64}
+        waiting = queue.enqueue(session, "images.resize", params, queue="reports", depends_on=[running]).id
+        session.commit()
     cancelled = enqueue(engine, queue, "mail.send_welcome", {"user_id": 4})
     if not queue.cancel(cancelled):
         raise AssertionError(f"the seed could not cancel task {cancelled}")
@@ -225,7 +232,7 @@ def seed(engine: sa.Engine, queue: tq.TaskQueue, *, extra_queued: int = 0) -> Se
             session.commit()
         queued = [id for id, status in statuses(engine).items() if status == "queued"]
     queue.pause("images")
-    return Seeded(queued, running, completed, failed, cancelled, worker_id)
+    return Seeded(queued, running, completed, failed, cancelled, worker_id, waiting)
 
 
 def statuses(engine: sa.Engine) -> dict[int, str]:
