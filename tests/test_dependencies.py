@@ -13,20 +13,30 @@ import os
 import pickle
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from sqlalchemy.dialects import mysql, oracle, postgresql, sqlite
 from sqlalchemy.orm import Session
 
 import sa_taskqueue as tq
+from sa_taskqueue.core.batch_table import batch_table_of
 from sa_taskqueue.core.dependency_table import dependency_table_of
 from sa_taskqueue.core.types import utcnow
+from sa_taskqueue.features.cancellation import write_cancelled
+from sa_taskqueue.features.workflows import bookkeeping
+from sa_taskqueue.features.workflows.dependencies import decide
+from sa_taskqueue.strategies.held_arrays import complete_from_arrays_statement
+from sa_taskqueue.strategies.lease import HELD_NOW, complete_many_statement, fail_many_statement, held_params
+from sa_taskqueue.strategies.skip_locked import SkipLockedStrategy
 from tests.app import make_queue
 from tests.backends import Backend
-from tests.helpers import MovableClock, run_cli, task_row
+from tests.helpers import MovableClock, run_cli, task_row, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -219,7 +229,11 @@ def test_a_function_with_a_depends_on_param_gets_it_and_using_gives_the_option(
         parent = flow.enqueue(session, "step", {"n": 1})
         as_param = task.enqueue(session, depends_on="a param")
         as_option = task.using(depends_on=[parent]).enqueue(session, depends_on="still a param")
-        ids = as_param.id, as_option.id
+        step = flow.registered("step")
+        assert step is not None
+        with_options = step.using(priority=3).enqueue(session, n=5, depends_on=[parent])
+        ids = as_param.id, as_option.id, with_options.id
+    assert status(engine, ids[2]) is tq.TaskStatus.WAITING
     assert task_row(engine, ids[0]).params == {"depends_on": "a param"}
     assert status(engine, ids[0]) is tq.TaskStatus.QUEUED
     assert task_row(engine, ids[1]).params == {"depends_on": "still a param"}
@@ -265,25 +279,49 @@ def test_cancelling_a_waiting_task_cascades_to_its_dependents(flow: tq.TaskQueue
         ids = parent.id, child.id, grandchild.id
     result = flow.cancel_task(ids[1])
     assert result.cancelled
+    assert result.status is tq.TaskStatus.WAITING
+    assert result.message == f"cancelled task {ids[1]}: it was waiting for its parents and will never run"
     assert status(engine, ids[1]) is tq.TaskStatus.CANCELLED
     assert status(engine, ids[2]) is tq.TaskStatus.CANCELLED
     assert status(engine, ids[0]) is tq.TaskStatus.QUEUED
 
 
+@pytest.mark.parametrize(
+    "finish", ["complete", "complete_many", "complete_many_and_claim", "complete_in", "fail", "fail_many"]
+)
 def test_a_dependent_added_while_its_parent_runs_is_released_by_the_plain_completion(
-    flow: tq.TaskQueue, engine: sa.Engine
+    flow: tq.TaskQueue, engine: sa.Engine, finish: str
 ) -> None:
     with Session(engine) as session, session.begin():
         parent_id = flow.enqueue(session, "step", {"n": 1}).id
-    [claimed] = flow.claim()
-    assert claimed.has_dependents is None, "claimed as a plain task"
+        other_id = flow.enqueue(session, "step", {"n": 9}).id
+    claimed = claim_all(flow)
+    assert all(task.has_dependents is None for task in claimed.values()), "claimed as plain tasks"
     with Session(engine) as session, session.begin():
         child_id = flow.enqueue(session, "step", {"n": 2}, depends_on=[parent_id]).id
     assert status(engine, child_id) is tq.TaskStatus.WAITING
-    # The worker completes it as the plain task it claimed: the completion itself releases the child.
-    assert flow.complete_many([claimed], [1]) == {parent_id}
-    assert status(engine, parent_id) is tq.TaskStatus.COMPLETED
-    assert status(engine, child_id) is tq.TaskStatus.QUEUED
+    parent, other = claimed[parent_id], claimed[other_id]
+    # The worker ends the parent as the plain task it claimed: that write itself settles the child.
+    if finish == "complete":
+        assert flow.complete(parent, 1)
+    elif finish == "complete_many":
+        assert flow.complete_many([other, parent], [9, 1]) == {parent_id, other_id}
+    elif finish == "complete_many_and_claim":
+        written, _ = flow.complete_many_and_claim([other, parent], [9, 1], limit=1)
+        assert written == {parent_id, other_id}
+    elif finish == "complete_in":
+        with engine.connect() as conn:
+            conn.begin()
+            assert flow.complete_in(conn, parent, 1)
+            conn.commit()
+    elif finish == "fail":
+        assert flow.fail(parent, "kaput", retry=False)
+    else:
+        assert flow.fail_many([other, parent], ["no", "kaput"], retry=False) == {parent_id, other_id}
+    ended = tq.TaskStatus.FAILED if finish.startswith("fail") else tq.TaskStatus.COMPLETED
+    assert status(engine, parent_id) is ended
+    expected = tq.TaskStatus.CANCELLED if ended is tq.TaskStatus.FAILED else tq.TaskStatus.QUEUED
+    assert status(engine, child_id) in (expected, tq.TaskStatus.RUNNING)  # (the claim may take it at once)
 
 
 def test_a_chain_runs_step_by_step_each_reading_the_result_before_it(
@@ -400,7 +438,9 @@ def test_a_late_plain_completion_after_recovery_releases_nothing_twice(
 
 
 @pytest.mark.async_path
-def test_the_async_enqueue_and_chain_take_depends_on(backend: Backend, engine: sa.Engine) -> None:
+def test_the_async_enqueue_and_chain_take_depends_on(
+    request: pytest.FixtureRequest, backend: Backend, engine: sa.Engine
+) -> None:
     from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
     from sqlalchemy.pool import NullPool
 
@@ -479,37 +519,79 @@ def test_two_parents_completed_at_once_from_two_processes_release_the_child_exac
                 conn.execute(table.delete())
 
 
-def test_the_release_and_cascade_sql_compiles_for_oracle() -> None:
-    from sqlalchemy.dialects import oracle
+class Recorder:
+    """A connection that compiles what it is given for one dialect, runs nothing, and returns no rows."""
 
-    from sa_taskqueue.features.workflows import bookkeeping
+    def __init__(self, dialect: sa.engine.Dialect) -> None:
+        self.dialect = dialect
+        self.seen: list[str] = []
 
-    seen: list[str] = []
+    def execute(self, statement: sa.Executable, *args: object) -> Recorder:
+        compiled = statement.compile(dialect=self.dialect)  # type: ignore[attr-defined]
+        self.seen.append(" ".join(str(compiled).split()))
+        return self
 
-    class Recorder:
-        dialect = oracle.dialect()
+    def all(self) -> list[object]:
+        return []
 
-        def execute(self, statement: object, *args: object) -> object:
-            seen.append(str(statement.compile(dialect=self.dialect)))  # type: ignore[attr-defined]
 
-            class Rows:
-                def all(self) -> list[object]:
-                    return []
+DIALECTS = [postgresql.dialect(), mysql.dialect(), oracle.dialect(), sqlite.dialect()]
+DIALECT_IDS = ["postgresql", "mysql", "oracle", "sqlite"]
 
-            return Rows()
 
-    bookkeeping.release(Recorder(), TABLE, [1, 2])  # type: ignore[arg-type]
+@pytest.mark.parametrize("dialect", DIALECTS, ids=DIALECT_IDS)
+def test_the_release_and_the_cascade_compile_on_every_dialect(dialect: sa.engine.Dialect) -> None:
+    conn = Recorder(dialect)
+    bookkeeping.release(conn, TABLE, [1, 2])  # type: ignore[arg-type]
     bookkeeping.after_final(
-        Recorder(),  # type: ignore[arg-type]
+        conn,  # type: ignore[arg-type]
         TABLE,
         [bookkeeping.FinishedTask(7, tq.TaskStatus.FAILED, None, True)],
         utcnow(),
     )
-    release = seen[0]
-    assert "UPDATE sa_taskqueue_task SET status=CASE WHEN" in release
-    assert release.index("status=") < release.index("parents_pending=")
+    release = conn.seen[0]
+    assert release.startswith("UPDATE sa_taskqueue_task SET status=CASE WHEN"), release
+    # Assigned first: MySQL's left-to-right assignments then read the old parents_pending.
+    assert release.index("status=") < release.index("parents_pending="), release
     assert "FROM sa_taskqueue_task_dependencies" in release
-    assert any("FOR UPDATE" in sql for sql in seen), seen
+    cascade = conn.seen[1]
+    assert cascade.startswith("SELECT sa_taskqueue_task.id, sa_taskqueue_task.on_parent_failure"), cascade
+    if dialect.name != "sqlite":  # (SQLite takes its one write lock instead)
+        assert cascade.endswith("FOR UPDATE"), cascade
+
+
+@pytest.mark.parametrize("dialect", DIALECTS, ids=DIALECT_IDS)
+def test_a_dependents_enqueue_flags_then_locks_its_parents_on_every_dialect(
+    dialect: sa.engine.Dialect,
+) -> None:
+    conn = Recorder(dialect)
+    with pytest.raises(tq.ParentNotFound):  # (the recorder finds no parent)
+        decide(conn, TABLE, [3, 1], 0, None, utcnow())  # type: ignore[arg-type]
+    flag, lock = conn.seen
+    assert flag.startswith("UPDATE sa_taskqueue_task SET has_dependents="), flag
+    assert "has_dependents IS NULL" in flag
+    assert "ORDER BY sa_taskqueue_task.id" in lock
+    if dialect.name != "sqlite":
+        assert lock.endswith("FOR UPDATE"), lock
+
+
+@pytest.mark.parametrize("dialect", DIALECTS, ids=DIALECT_IDS)
+def test_plain_final_writes_carry_the_dependents_fence_and_renewals_do_not(
+    dialect: sa.engine.Dialect,
+) -> None:
+    def compiled(statement: object) -> str:
+        return " ".join(str(statement.compile(dialect=dialect)).split())  # type: ignore[attr-defined]
+
+    fence = "sa_taskqueue_task.has_dependents IS NULL"
+    assert fence in compiled(complete_many_statement(TABLE, 2, True, returning=False))
+    assert fence not in compiled(complete_many_statement(TABLE, 2, True, returning=False, fenced=False))
+    assert "has_dependents" not in compiled(fail_many_statement(TABLE, 2, clears_slots=False)), (
+        "the fence is added by the plain path alone"
+    )
+    if dialect.name == "postgresql":
+        assert fence in compiled(complete_from_arrays_statement(TABLE, HELD_NOW))
+    renewal = sa.update(TABLE).where(SkipLockedStrategy().holds(TABLE)).values(locked_until=utcnow())
+    assert "has_dependents" not in compiled(renewal)
 
 
 def test_the_cli_counts_waiting_tasks_and_cancels_one_with_its_dependents(
@@ -536,3 +618,135 @@ def test_the_cli_counts_waiting_tasks_and_cancels_one_with_its_dependents(
         tq.TaskStatus.CANCELLED,
         tq.TaskStatus.CANCELLED,
     ]
+
+
+@pytest.mark.requires("advisory_locks")
+def test_advisory_recovery_that_fails_a_parent_cancels_its_dependents(engine: sa.Engine) -> None:
+    holder = make_queue(engine, "advisory_lock", timedelta(minutes=5))
+    rescuer = make_queue(engine, "advisory_lock", timedelta(minutes=5))
+    try:
+        with Session(engine) as session, session.begin():
+            parent = holder.enqueue(session, "record", {"key": 1}, max_attempts=1)
+            child = holder.enqueue(session, "record", {"key": 2}, depends_on=[parent])
+            parent_id, child_id = parent.id, child.id
+        [claimed] = holder.claim()
+        assert claimed.id == parent_id
+        holder.strategy.close()  # its connection, and the lock on the task, are gone: as a dead worker's
+        assert rescuer.recover() == 1
+    finally:
+        holder.close()
+        rescuer.close()
+    assert status(engine, parent_id) is tq.TaskStatus.FAILED
+    assert status(engine, child_id) is tq.TaskStatus.CANCELLED
+
+
+def test_a_waiting_task_is_never_claimed_by_a_running_worker_until_its_parent_completes(
+    flow: tq.TaskQueue, engine: sa.Engine
+) -> None:
+    """A real claim loop polls all along; the child runs only after its parent's completion is written."""
+    release_parent = threading.Event()
+    order: list[str] = []
+
+    @flow.task(name="held")
+    def held() -> str:
+        order.append("parent started")
+        assert release_parent.wait(30)
+        order.append("parent ends")
+        return "parent done"
+
+    @flow.task(name="after")
+    def after() -> str:
+        parent_row = task_row(engine, next(iter(tq.current_task().parent_results())))
+        order.append(f"child started, parent {parent_row.status.value}")
+        return "child done"
+
+    with Session(engine) as session, session.begin():
+        parent = held.enqueue(session)
+        child = after.enqueue(session, depends_on=[parent])
+        parent_id, child_id = parent.id, child.id
+    worker = tq.Worker(flow, concurrency=2, poll_interval=0.02)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        wait_until(lambda: order == ["parent started"], 30, "the parent to start")
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:  # a second of polling with a free slot: the child stays waiting
+            assert status(engine, child_id) is tq.TaskStatus.WAITING
+            time.sleep(0.05)
+        release_parent.set()
+        wait_until(lambda: status(engine, child_id) is tq.TaskStatus.COMPLETED, 30, "the child to run")
+    finally:
+        release_parent.set()
+        worker.stop()
+        thread.join(30)
+    assert order == ["parent started", "parent ends", "child started, parent completed"]
+    assert task_row(engine, parent_id).result == "parent done"
+
+
+def test_batch_members_are_counted_once_in_the_transaction_of_their_final_write(
+    flow: tq.TaskQueue, engine: sa.Engine
+) -> None:
+    batches = batch_table_of(TABLE)
+    with engine.begin() as conn:
+        conn.execute(batches.insert().values(name="b", created_at=utcnow()))
+        batch_id = conn.execute(sa.select(batches.c.id)).scalar_one()
+    with Session(engine) as session, session.begin():
+        ok = tq.Task(name="step", params={"n": 1}, batch_id=batch_id)
+        bad = tq.Task(name="step", params={"n": 2}, batch_id=batch_id, max_attempts=1)
+        session.add_all([ok, bad])
+        session.flush()
+        waiting = tq.Task(name="step", params={"n": 3}, batch_id=batch_id, depends_on=[bad])
+        session.add(waiting)
+        session.flush()
+        ok_id, bad_id = ok.id, bad.id
+    claimed = claim_all(flow)
+    assert {task.batch_id for task in claimed.values()} == {batch_id}
+    assert flow.complete_many([claimed[ok_id]], [1]) == {ok_id}
+    assert not flow.complete(claimed[ok_id], 1), "written once: a second write finds it finished"
+    assert flow.fail(claimed[bad_id], "kaput")
+    with engine.connect() as conn:
+        counts = conn.execute(
+            sa.select(batches.c.total, batches.c.succeeded, batches.c.failed, batches.c.cancelled)
+        ).one()
+    # (total is the batch API's to count; the outcomes are counted here, the waiting member cancelled.)
+    assert tuple(counts)[1:] == (1, 1, 1)
+
+
+@pytest.mark.parametrize("flag_at_claim", [True, False], ids=["dependent-first", "dependent-while-running"])
+def test_a_running_parent_stopped_by_a_cancel_cancels_its_dependents(
+    flow: tq.TaskQueue, engine: sa.Engine, flag_at_claim: bool
+) -> None:
+    with Session(engine) as session, session.begin():
+        parent = flow.enqueue(session, "step", {"n": 1})
+        parent_id = parent.id
+        if flag_at_claim:
+            child_id = flow.enqueue(session, "step", {"n": 2}, depends_on=[parent]).id
+    [claimed] = flow.claim()
+    assert bool(claimed.has_dependents) is flag_at_claim
+    if not flag_at_claim:
+        with Session(engine) as session, session.begin():
+            child_id = flow.enqueue(session, "step", {"n": 2}, depends_on=[parent_id]).id
+    # The worker's write once it has stopped the task (`sa_taskqueue.worker.cancelling`).
+    assert write_cancelled(flow.strategy, flow.engine, TABLE, claimed, utcnow())
+    assert status(engine, parent_id) is tq.TaskStatus.CANCELLED
+    child_row = task_row(engine, child_id)
+    assert child_row.status is tq.TaskStatus.CANCELLED
+    assert f"parent task {parent_id} was cancelled" in (child_row.last_error or "")
+
+
+def test_without_the_fence_a_dependent_added_while_its_parent_runs_would_wait_for_ever(
+    flow: tq.TaskQueue, engine: sa.Engine
+) -> None:
+    """The check of the race tests above can fail: the same completion, unfenced, strands the child."""
+    with Session(engine) as session, session.begin():
+        parent_id = flow.enqueue(session, "step", {"n": 1}).id
+    [claimed] = flow.claim()
+    with Session(engine) as session, session.begin():
+        child_id = flow.enqueue(session, "step", {"n": 2}, depends_on=[parent_id]).id
+    unfenced = complete_many_statement(TABLE, 1, False, returning=False, fenced=False)
+    params = {HELD_NOW: utcnow(), "finished_now": utcnow(), **held_params(claimed, suffix="_0")}
+    with engine.begin() as conn:
+        assert conn.execute(unfenced, params).rowcount == 1
+    assert status(engine, parent_id) is tq.TaskStatus.COMPLETED
+    assert status(engine, child_id) is tq.TaskStatus.WAITING
+    assert claim_all(flow) == {}, "nothing left to release it"

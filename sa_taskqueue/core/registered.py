@@ -314,21 +314,21 @@ class TaskWithOptions:
         """Add a run of the task with ``params`` and these options to ``session`` (flushed, not committed).
 
         With an `AsyncSession`, a coroutine to await, as `TaskQueue.enqueue`.
-        ``batch=...`` among ``params`` joins a batch, as with `RegisteredTask.enqueue`.
+        ``depends_on``, ``on_parent_failure`` and ``batch`` among ``params``
+        are taken as `RegisteredTask.enqueue` takes them, over these options.
         """
-        batch = params.pop("batch", None) if not self.task.names_param("batch") else None
+        options: dict[str, Any] = {"depends_on": self.depends_on, "on_parent_failure": self.on_parent_failure}
+        options.update(self.task.workflow_options(params))
         return self.task.queue.enqueue(
             session,
             self.task.name,
             params,
-            batch=batch,
             queue=self.queue_name,
             priority=self.priority,
             run_at=self._run_at(),
             max_attempts=self.max_attempts,
             unique_key=self.unique_key,
-            depends_on=self.depends_on,
-            on_parent_failure=self.on_parent_failure,
+            **options,
         )
 
     @overload
@@ -380,7 +380,7 @@ class TaskWithOptions:
 
     def call(self, **params: Any) -> TaskCall:
         """A run of the task with ``params`` and these options, not enqueued yet (`TaskQueue.chain`)."""
-        return TaskCall(self.task, params, self)
+        return TaskCall(self, params)
 
     def options(self) -> dict[str, Any]:
         """These options as `TaskQueue.enqueue` takes them (a ``delay`` counted from now)."""
@@ -416,16 +416,21 @@ class TaskWithOptions:
 class TaskCall:
     """One run of a registered task, with its params and options, to be enqueued later (`TaskQueue.chain`).
 
-    Made by ``task.call(**params)`` or ``task.using(...).call(**params)``.
+    Made by ``task.call(**params)`` or ``task.using(...).call(**params)``:
+    ``task`` is then that task, or that task with its options.
     """
 
-    task: RegisteredTask[Any, Any]
+    task: RegisteredTask[Any, Any] | TaskWithOptions
     params: dict[str, Any]
-    with_options: TaskWithOptions | None = None
+
+    @property
+    def registered(self) -> RegisteredTask[Any, Any]:
+        """The registered task this call runs."""
+        return self.task.task if isinstance(self.task, TaskWithOptions) else self.task
 
     def options(self) -> dict[str, Any]:
         """The enqueue options it was made with (none for ``task.call``)."""
-        return {} if self.with_options is None else self.with_options.options()
+        return self.task.options() if isinstance(self.task, TaskWithOptions) else {}
 
 
 #: The enqueue options ``task.enqueue(session, **params)`` takes out of its params (`RegisteredTask.enqueue`).

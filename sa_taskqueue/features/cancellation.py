@@ -32,9 +32,6 @@ from sa_taskqueue.features.workflows import final_writes
 from sa_taskqueue.features.workflows.bookkeeping import cancelled_now
 from sa_taskqueue.strategies.base import ClaimStrategy
 
-#: The statuses a task is cancelled at once in: it has not started.
-CANCELLED_AT_ONCE = (TaskStatus.QUEUED.value, TaskStatus.WAITING.value)
-
 #: Who cancelled a task when the caller does not say.
 DEFAULT_CANCELLED_BY = "api"
 
@@ -42,7 +39,7 @@ DEFAULT_CANCELLED_BY = "api"
 class CancelState(enum.StrEnum):
     """What a cancel found the task doing."""
 
-    QUEUED = "queued"  #: cancelled at once: it never runs
+    QUEUED = "queued"  #: cancelled at once (queued, or waiting for its parents): it never runs
     RUNNING = "running"  #: the request is recorded: its worker stops it within one heartbeat
     FINISHED = "finished"  #: completed, failed or cancelled already: nothing cancelled
     MISSING = "missing"  #: no such task
@@ -66,6 +63,8 @@ class CancelResult:
         """One line for people: ``task 43 is running: cancel requested; ...``."""
         task = f"task {self.task_id}"
         if self.state is CancelState.QUEUED:
+            if self.status is TaskStatus.WAITING:
+                return f"cancelled {task}: it was waiting for its parents and will never run"
             return f"cancelled {task}: it was queued and will never run"
         if self.state is CancelState.RUNNING:
             return f"{task} is running: cancel requested; its worker stops it within one heartbeat"
@@ -87,17 +86,20 @@ def check_cancelled_by(by: str) -> str:
 def cancel_on(conn: Connection, table: Table, task_id: int, by: str, now: datetime) -> CancelResult:
     """In ``conn``'s open transaction: cancel a queued task, or record the cancel of a running one.
 
-    Two guarded UPDATEs, tried in the order a task moves (queued, then
+    Guarded UPDATEs, tried in turn (queued, waiting on its parents, then
     running), so that a task claimed between them is still found running;
-    then, only when neither wrote, one SELECT tells a finished task from a
-    missing one.
+    then, only when none wrote, one SELECT tells a finished task from a
+    missing one (or from one that moved between the statements, tried again).
+    A cancelled task's dependents are cancelled with it, and its batch
+    counted, in the same transaction (`cancelled_now`).
     """
-    queued = conn.execute(cancel_queued_statement(table, task_id, by, now))
-    if queued.rowcount == 1:
-        notify_finished(conn, table, [task_id])
-        # Its dependents cancelled, its batch counted, in this transaction.
-        cancelled_now(conn, table, [task_id], now)
-        return CancelResult(task_id, CancelState.QUEUED, TaskStatus.QUEUED)
+    for not_started in (TaskStatus.QUEUED, TaskStatus.WAITING):
+        cancelled = conn.execute(cancel_queued_statement(table, task_id, by, now, not_started))
+        if cancelled.rowcount == 1:
+            notify_finished(conn, table, [task_id])
+            # Its dependents cancelled, its batch counted, in this transaction.
+            cancelled_now(conn, table, [task_id], now)
+            return CancelResult(task_id, CancelState.QUEUED, not_started)
     # The first request is kept: a second cancel does not move who or when.
     running = conn.execute(request_cancel_statement(table, task_id, by, now))
     if running.rowcount == 1:
@@ -111,15 +113,17 @@ def cancel_on(conn: Connection, table: Table, task_id: int, by: str, now: dateti
         return CancelResult(task_id, CancelState.RUNNING, found)  # requested before
     if found in FINISHED_STATUSES:
         return CancelResult(task_id, CancelState.FINISHED, found)
-    # Queued again between the statements (a retry): cancelled like any queued task.
+    # Queued again (a retry), or released, between the statements: cancelled like any queued task.
     return cancel_on(conn, table, task_id, by, now)
 
 
-def cancel_queued_statement(table: Table, task_id: int, by: str, now: datetime) -> Update:
-    """CANCELLED at once, who and when recorded, if the task is still queued (or waiting on parents)."""
+def cancel_queued_statement(
+    table: Table, task_id: int, by: str, now: datetime, status: TaskStatus = TaskStatus.QUEUED
+) -> Update:
+    """CANCELLED at once, who and when recorded, if the task is still queued (or, given, waiting)."""
     return (
         update(table)
-        .where(table.c.id == task_id, table.c.status.in_(CANCELLED_AT_ONCE))
+        .where(table.c.id == task_id, has_status(table, status))
         .values(status=TaskStatus.CANCELLED, finished_at=now, cancel_requested_at=now, cancelled_by=by)
     )
 

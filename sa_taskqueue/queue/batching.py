@@ -296,7 +296,7 @@ def callback_specs(
         params: Mapping[str, Any] = {}
         target: Any = callback
         if isinstance(callback, TaskCall):
-            target, params = callback.with_options or callback.task, callback.params
+            target, params = callback.task, callback.params
         elif isinstance(callback, tuple):
             if len(callback) != 2 or not isinstance(callback[1], Mapping):
                 raise TypeError(

@@ -31,7 +31,9 @@ class RunningTaskControl:
     def cancel_task(self, task_id: int, *, by: str = DEFAULT_CANCELLED_BY) -> CancelResult:
         """Cancel task ``task_id``, recording ``by`` as who did; what it found, in `CancelResult.state`.
 
-        A queued task is CANCELLED at once and never runs.  For a running
+        A queued task, or one waiting for its parents, is CANCELLED at once
+        and never runs; its dependents are cancelled with it (unless
+        enqueued with ``on_parent_failure="run"``).  For a running
         one the request is recorded: the worker holding it learns of it
         within one heartbeat (at once on PostgreSQL), stops it, and writes
         CANCELLED unless the task's own outcome was written first.  A

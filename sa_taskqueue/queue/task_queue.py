@@ -35,7 +35,7 @@ from sa_taskqueue.queue.batching import BatchOperations
 from sa_taskqueue.queue.cancelling import RunningTaskControl
 from sa_taskqueue.queue.claiming import Claims
 from sa_taskqueue.queue.claims_and_outcomes import ClaimsAndOutcomes
-from sa_taskqueue.queue.enqueue_calls import EnqueueCalls
+from sa_taskqueue.queue.enqueue_methods import EnqueueMethods
 from sa_taskqueue.queue.enqueuing import Enqueuing
 from sa_taskqueue.queue.live import LiveWorkersListing
 from sa_taskqueue.queue.outcomes import Outcomes
@@ -60,7 +60,7 @@ DEFAULT_LEASE = timedelta(minutes=5)
 DEFAULT_MAX_RETRY_DELAY = timedelta(hours=1)
 
 
-class TaskQueue(EnqueueCalls, ClaimsAndOutcomes, LiveWorkersListing, RunningTaskControl, BatchOperations):
+class TaskQueue(EnqueueMethods, ClaimsAndOutcomes, LiveWorkersListing, RunningTaskControl, BatchOperations):
     """A task queue on one table of one database.
 
     ``bind`` is an `Engine` or a `sessionmaker` bound to one, or an

@@ -1,8 +1,8 @@
-"""`TaskQueue.enqueue`, `enqueue_many`, `chain` and `parent_results`: the queue's enqueue calls.
+"""`TaskQueue`'s enqueue methods: ``enqueue``, ``enqueue_many``, ``chain``, and the parents' results.
 
-Kept apart from the queue's other methods: each checks its arguments and
-hands the rows to the queue's `Enqueuing` part, in the caller's session
-(sync, or async through its greenlet).
+Gathered here apart from the rest of the queue; the rows are built and
+written by the queue's `Enqueuing` part, dependencies by
+`sa_taskqueue.features.workflows.dependencies`.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession, async_scoped_session
 
 
-class EnqueueCalls:
-    """`TaskQueue`'s enqueue calls (this class is not used on its own)."""
+class EnqueueMethods:
+    """`TaskQueue`'s enqueue methods (this class is not used on its own)."""
 
     _parts: QueueParts
     _enqueuing: Enqueuing
@@ -275,7 +275,7 @@ class EnqueueCalls:
                 )
             options = step.options()
             step_values = self._enqueuing.task_values(
-                step.task.name,
+                step.registered.name,
                 step.params,
                 options.get("queue"),
                 options.get("priority"),
@@ -337,4 +337,4 @@ def _in_batch(rows: Sequence[Mapping[str, Any]], batch_id: int) -> Sequence[Mapp
     return [{**row, "batch_id": batch_id} for row in rows]
 
 
-__all__ = ["EnqueueCalls"]
+__all__ = ["EnqueueMethods"]
