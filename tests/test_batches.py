@@ -519,3 +519,39 @@ def test_the_batch_statements_compile_to_one_conditional_update_each(dialect: sa
         assert insert.endswith("RETURNING sa_taskqueue_task_batches.id INTO :ret_0"), insert
     listing = sql(sa.select(batches_table).order_by(batches_table.c.id.desc()).limit(50))
     assert ("FETCH FIRST" in listing) if dialect.name == "oracle" else ("LIMIT" in listing), listing
+
+
+def test_a_tasks_own_enqueue_takes_batch_and_a_member_cancelled_at_insert_is_counted(
+    bq: tq.TaskQueue, engine: sa.Engine
+) -> None:
+    member = bq.registered("member")
+    assert member is not None
+    table = tq.Task.__table__
+    with Session(engine) as session:
+        parent = member.enqueue(session, n=0)
+        session.commit()
+        parent_id = parent.id
+    with engine.begin() as conn:
+        conn.execute(sa.update(table).where(table.c.id == parent_id).values(status=tq.TaskStatus.FAILED))
+    with Session(engine) as session:
+        batch = bq.batch(session, on_failure=bq.registered("failed_some"))
+        assert isinstance(batch, tq.Batch)
+        member.enqueue(session, n=1, batch=batch)
+        member.using(priority=3).enqueue(session, n=2, batch=batch.id)
+        # Its parent failed already: it is cancelled as it is inserted, and counted so at once.
+        doomed = member.enqueue(session, n=3, batch=batch, depends_on=[parent_id])
+        assert doomed.status == tq.TaskStatus.CANCELLED
+        member.using(depends_on=[parent_id]).enqueue_many(session, [{"n": 4}, {"n": 5}], batch=batch)
+        batch.close()
+        session.commit()
+    state = bq.batch_state(batch.id)
+    assert (state.total, state.cancelled, state.pending) == (5, 3, 2)
+    assert member_statuses_of(engine, batch.id) == {"queued": 2, "cancelled": 3}
+    finish(engine, batch.id, tq.TaskStatus.COMPLETED, tq.TaskStatus.COMPLETED)
+    [callback] = tasks_named(engine, "failed_some")
+    assert callback.params["batch"]["cancelled"] == 3
+
+
+def member_statuses_of(engine: sa.Engine, batch_id: int) -> dict[str, int]:
+    with engine.connect() as conn:
+        return batches.member_statuses(conn, tq.Task.__table__, batch_id)

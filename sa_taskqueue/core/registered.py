@@ -339,6 +339,7 @@ class TaskWithOptions:
         /,
         *,
         chunk_size: int = 1000,
+        batch: Any = None,
     ) -> list[int] | None: ...
 
     @overload
@@ -349,6 +350,7 @@ class TaskWithOptions:
         /,
         *,
         chunk_size: int = 1000,
+        batch: Any = None,
     ) -> Coroutine[Any, Any, list[int] | None]: ...
 
     def enqueue_many(
@@ -358,10 +360,12 @@ class TaskWithOptions:
         /,
         *,
         chunk_size: int = 1000,
+        batch: Any = None,
     ) -> list[int] | Coroutine[Any, Any, list[int] | None] | None:
         """One run per params dict, with these options, one INSERT per ``chunk_size``, as ``enqueue_many``.
 
-        With an `AsyncSession`, a coroutine to await.
+        With an `AsyncSession`, a coroutine to await.  ``batch``: the batch
+        (a `Batch` or its id) every row joins.
         """
         # (One call for every kind of session: the queue's overloads pick the return type.)
         return self.task.queue.enqueue_many(
@@ -373,6 +377,7 @@ class TaskWithOptions:
             run_at=self._run_at(),
             max_attempts=self.max_attempts,
             chunk_size=chunk_size,
+            batch=batch,
             unique_key=self.unique_key,
             depends_on=self.depends_on,
             on_parent_failure=self.on_parent_failure,
