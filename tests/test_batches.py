@@ -555,3 +555,18 @@ def test_a_tasks_own_enqueue_takes_batch_and_a_member_cancelled_at_insert_is_cou
 def member_statuses_of(engine: sa.Engine, batch_id: int) -> dict[str, int]:
     with engine.connect() as conn:
         return batches.member_statuses(conn, tq.Task.__table__, batch_id)
+
+
+def test_a_chain_step_is_a_callback_too(bq: tq.TaskQueue, engine: sa.Engine) -> None:
+    done = bq.registered("done")
+    assert done is not None
+    with Session(engine) as session:
+        with bq.batch(session, on_success=done.using(priority=4).call(channel="#steps")) as batch:
+            pass
+        session.commit()
+    [callback] = tasks_named(engine, "done")
+    assert (callback.priority, callback.params["channel"], callback.params["batch"]["id"]) == (
+        4,
+        "#steps",
+        batch.id,
+    )
