@@ -189,9 +189,14 @@ def test_a_missing_parent_is_refused_and_nothing_is_written(flow: tq.TaskQueue, 
         with pytest.raises(tq.ParentNotFound, match=f"depends_on names task {parent_id + 1000}"):
             flow.enqueue(session, "step", {"n": 2}, depends_on=[parent_id, parent_id + 1000])
         session.rollback()
+    with Session(engine) as session:  # refused, then committed anyway
+        with pytest.raises(tq.ParentNotFound):
+            flow.enqueue(session, "step", {"n": 3}, depends_on=[parent_id, parent_id + 1000])
+        session.commit()
     with engine.connect() as conn:
         assert conn.scalar(sa.select(sa.func.count()).select_from(TABLE)) == 1
         assert conn.scalar(sa.select(sa.func.count()).select_from(EDGES)) == 0
+    assert task_row(engine, parent_id).has_dependents is None, "not even the parent's flag stays"
 
 
 @pytest.mark.parametrize(

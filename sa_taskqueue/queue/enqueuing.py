@@ -21,7 +21,7 @@ from sa_taskqueue.core.at_commit import emit_at_commit
 from sa_taskqueue.core.batch_members import count_finished_at_insert, count_members, uncount_members
 from sa_taskqueue.core.bulk_insert import insert_rows
 from sa_taskqueue.core.events import EnqueueEvent, EventKind, EventStream, TaskEvent
-from sa_taskqueue.core.exceptions import missing_table_errors
+from sa_taskqueue.core.exceptions import ParentNotFound, missing_table_errors
 from sa_taskqueue.core.model import TaskMixin, check_parents
 from sa_taskqueue.core.notify import notify_enqueued
 from sa_taskqueue.core.registered import RegisteredTask
@@ -83,7 +83,12 @@ class Enqueuing:
                 # The mixin declares no constructor; the mapped subclass gets the declarative one.
                 task = cast("Callable[..., TaskMixin]", self._model)(**values)
                 session.add(task)
-                session.flush()  # which checks the row again and sends its NOTIFY (core.session_events)
+                try:
+                    session.flush()  # which checks the row again and sends its NOTIFY (core.session_events)
+                except ParentNotFound:
+                    # Refused before any SQL of its own: the session goes on without it.
+                    session.expunge(task)
+                    raise
                 new = True
         except BaseException as error:
             _tell(announced, None, error)

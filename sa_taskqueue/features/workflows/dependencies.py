@@ -109,9 +109,10 @@ def decide(
             .with_for_update()
         ).all()
         found = {row[0]: TaskStatus(row[1]) for row in rows}
-        for parent_id in ids:
-            if parent_id not in found:
-                raise ParentNotFound(parent_id)
+        missing = [parent_id for parent_id in ids if parent_id not in found]
+        if missing:
+            _unflag(conn, table, sorted(found))
+            raise ParentNotFound(missing[0])
     failed = [
         (parent_id, status)
         for parent_id, status in found.items()
@@ -124,6 +125,26 @@ def decide(
     if pending:
         return Decision(TaskStatus.WAITING, pending, None, None)
     return Decision(TaskStatus.QUEUED, None, None, None)
+
+
+def _unflag(conn: Connection, table: Table, parent_ids: Sequence[int]) -> None:
+    """Take back the flag of refused parents that no edge names: nothing of a refused enqueue stays.
+
+    The parents are locked by this transaction, so another enqueue that
+    flagged one has committed its edges by now, and keeps its flag.
+    """
+    if not parent_ids:
+        return
+    deps = dependency_table_of(table)
+    conn.execute(
+        update(table)
+        .where(
+            table.c.id.in_(parent_ids),
+            table.c.has_dependents.is_not(None),
+            ~select(deps.c.parent_id).where(deps.c.parent_id == table.c.id).exists(),
+        )
+        .values(has_dependents=None)
+    )
 
 
 def link(conn: Connection, table: Table, edges: Sequence[tuple[int, int]]) -> None:
