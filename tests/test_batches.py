@@ -172,6 +172,9 @@ def test_a_closed_batch_takes_no_member_and_nothing_is_written(bq: tq.TaskQueue,
         session.commit()
         with pytest.raises(tq.BatchClosed, match=f"batch {batch.id} is closed"):
             batch.enqueue("member", n=2)
+        # The refused row left the session: the transaction goes on, and commits without it.
+        bq.enqueue(session, "member", {"n": 20})
+        session.commit()
         with pytest.raises(tq.BatchClosed):
             batch.enqueue_many("member", [{"n": 3}, {"n": 4}])
         session.add(tq.Task(name="member", params={"n": 5}, batch_id=batch.id))
@@ -570,3 +573,20 @@ def test_a_chain_step_is_a_callback_too(bq: tq.TaskQueue, engine: sa.Engine) -> 
         "#steps",
         batch.id,
     )
+
+
+def test_a_member_refused_for_a_missing_parent_is_not_counted(bq: tq.TaskQueue, engine: sa.Engine) -> None:
+    member = bq.registered("member")
+    assert member is not None
+    with Session(engine) as session:
+        batch = bq.batch(session)
+        assert isinstance(batch, tq.Batch)
+        batch.enqueue(member, n=1)
+        with pytest.raises(tq.ParentNotFound):
+            member.enqueue(session, n=2, batch=batch, depends_on=[10**9])
+        with pytest.raises(tq.ParentNotFound):
+            member.using(depends_on=[10**9]).enqueue_many(session, [{"n": 3}, {"n": 4}], batch=batch)
+        batch.close()
+        session.commit()
+    state = bq.batch_state(batch.id)
+    assert (state.total, len(member_ids(engine, batch.id))) == (1, 1)

@@ -205,6 +205,8 @@ def listen() -> None:
     """Register the listeners on the `Session` class, these and `at_commit`'s (once: repeats are ignored)."""
     if not event.contains(Session, "before_flush", check_task_rows):
         event.listen(Session, "before_flush", check_task_rows)
+    # After the dependencies' own listener (registered when the queue's modules are imported, before
+    # this runs): a dependent refused for a missing parent is refused before its batch counts it.
     if not event.contains(Session, "before_flush", count_flushed_members):
         event.listen(Session, "before_flush", count_flushed_members)
     if not event.contains(Session, "after_flush", count_flushed_finished_members):

@@ -21,7 +21,7 @@ from sa_taskqueue.core.at_commit import emit_at_commit
 from sa_taskqueue.core.batch_members import count_finished_at_insert, count_members, uncount_members
 from sa_taskqueue.core.bulk_insert import insert_rows
 from sa_taskqueue.core.events import EnqueueEvent, EventKind, EventStream, TaskEvent
-from sa_taskqueue.core.exceptions import ParentNotFound, missing_table_errors
+from sa_taskqueue.core.exceptions import BatchClosed, BatchNotFound, ParentNotFound, missing_table_errors
 from sa_taskqueue.core.model import TaskMixin, check_parents
 from sa_taskqueue.core.notify import notify_enqueued
 from sa_taskqueue.core.registered import RegisteredTask
@@ -85,7 +85,7 @@ class Enqueuing:
                 session.add(task)
                 try:
                     session.flush()  # which checks the row again and sends its NOTIFY (core.session_events)
-                except ParentNotFound:
+                except (ParentNotFound, BatchClosed, BatchNotFound):
                     # Refused before any SQL of its own: the session goes on without it.
                     session.expunge(task)
                     raise
