@@ -755,3 +755,30 @@ def test_without_the_fence_a_dependent_added_while_its_parent_runs_would_wait_fo
     assert status(engine, parent_id) is tq.TaskStatus.COMPLETED
     assert status(engine, child_id) is tq.TaskStatus.WAITING
     assert claim_all(flow) == {}, "nothing left to release it"
+
+
+@pytest.mark.requires("advisory_locks")
+@pytest.mark.parametrize("finish", ["complete_many", "fail_many"])
+def test_advisory_workflow_writes_hold_by_the_lock_past_the_lease(
+    engine: sa.Engine, clock: MovableClock, finish: str
+) -> None:
+    """Under advisory locks the lock, not the lease, says who holds a task: a long run still writes."""
+    queue = make_queue(engine, "advisory_lock", timedelta(seconds=30), clock.now)
+    try:
+        with Session(engine) as session, session.begin():
+            parent = queue.enqueue(session, "record", {"key": 1}, max_attempts=1)
+            other = queue.enqueue(session, "record", {"key": 9}, max_attempts=1)
+            child = queue.enqueue(session, "record", {"key": 2}, depends_on=[parent])
+            parent_id, other_id, child_id = parent.id, other.id, child.id
+        claimed = {task.id: task for task in queue.claim(limit=5)}
+        assert set(claimed) == {parent_id, other_id}
+        clock.advance(timedelta(minutes=5))  # far past the lease: no renewal ran
+        tasks = [claimed[other_id], claimed[parent_id]]
+        if finish == "complete_many":
+            assert queue.complete_many(tasks, [9, 1]) == {parent_id, other_id}
+        else:
+            assert queue.fail_many(tasks, ["no", "kaput"]) == {parent_id, other_id}
+    finally:
+        queue.close()
+    expected = tq.TaskStatus.QUEUED if finish == "complete_many" else tq.TaskStatus.CANCELLED
+    assert status(engine, child_id) is expected

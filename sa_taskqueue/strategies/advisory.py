@@ -370,11 +370,10 @@ class AdvisoryLockStrategy(ClaimStrategy):
         now: datetime,
         then: Then,
     ) -> set[int]:
-        try:
-            return super().complete_many_then(engine, table, tasks, results, now, then)
-        finally:
-            for task in tasks:
-                self.settled(task)
+        # Row by row under `holds` (the claim, not the lease), as `complete_many` writes them.
+        values = {"status": TaskStatus.COMPLETED, "finished_at": now, "locked_until": None}
+        rows = [{**values, "result": result} for result in results]
+        return self._write_each_then(engine, table, tasks, rows, now, then)
 
     def fail_many_then(
         self,
@@ -385,8 +384,28 @@ class AdvisoryLockStrategy(ClaimStrategy):
         now: datetime,
         then: Then,
     ) -> set[int]:
+        return self._write_each_then(engine, table, tasks, values, now, then)
+
+    def _write_each_then(
+        self,
+        engine: Engine,
+        table: Table,
+        tasks: Sequence[ClaimedTask],
+        rows: Sequence[Mapping[str, Any]],
+        now: datetime,
+        then: Then,
+    ) -> set[int]:
+        """Each of ``rows`` under its task's claim, then ``then``, in one transaction; the locks go after."""
         try:
-            return super().fail_many_then(engine, table, tasks, values, now, then)
+            with self.transaction(engine) as conn:
+                written = {
+                    task.id
+                    for task, row in zip(tasks, rows, strict=True)
+                    if self.write_if_held(conn, table, task, row, now, workflow=True)
+                }
+                if written:
+                    then(conn, written)
+            return written
         finally:
             for task in tasks:
                 self.settled(task)
