@@ -178,7 +178,14 @@ def lint(session: nox.Session) -> None:
     """ruff, mypy --strict on the package, the layer contracts, and the docs site built strictly."""
     session.install("-e", ".[lint,docs,async,flask,fastapi,postgresql,metrics,otel,dashboard]")
     session.run(
-        "ruff", "check", "sa_taskqueue", "tests", "alembic", "examples", "benchmarks", "conftest.py",
+        "ruff",
+        "check",
+        "sa_taskqueue",
+        "tests",
+        "alembic",
+        "examples",
+        "benchmarks",
+        "conftest.py",
         "noxfile.py",
     )
     session.run("mypy", "--strict", "sa_taskqueue")

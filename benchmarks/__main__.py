@@ -46,6 +46,9 @@ from benchmarks.rates import TASKS_PER_KEY as RATE_TASKS_PER_KEY
 from benchmarks.raw_batch import QUEUE_BATCH, RAW_BATCH
 from benchmarks.statements import StatementCosts, statement_costs
 from benchmarks.worker_cost import WorkerCost, worker_cost
+from benchmarks.workflows import KINDS as WORKFLOW_KINDS
+from benchmarks.workflows import LABELS as WORKFLOW_LABELS
+from benchmarks.workflows import PLAIN_KINDS, WorkflowCost, baseline_cost, derived, workflow_cost
 
 RESULTS = Path("benchmarks/results")
 SECTIONS = (
@@ -62,6 +65,7 @@ SECTIONS = (
     "worker_cost",
     "failures",
     "observability",
+    "workflows",
     "galera",
 )
 #: Sections run only when asked for by name (``--sections galera``): they start servers of their own.
@@ -182,6 +186,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--galera-tasks", type=int, default=3000, help="tasks per drain of the galera section"
+    )
+    parser.add_argument(
+        "--workflow-tasks", type=int, default=2000, help="tasks per run of the workflows section"
+    )
+    parser.add_argument(
+        "--baseline-source",
+        default=None,
+        help="another checkout's root (the release before): the workflows section measures its plain tasks",
     )
     parser.add_argument(
         "--sections",
@@ -843,6 +855,91 @@ def statements_section(run: Run) -> dict[str, Any]:
     return {"statements": rows}
 
 
+def workflows_section(run: Run) -> dict[str, Any]:
+    """Plain tasks beside batch members and dependents: statements and CPU a task, enqueue and drain.
+
+    One process, B at a time (`benchmarks.workflows`); figures are medians
+    over the repeats, the kinds taking turns within each repeat.  The last
+    columns give the cost of one batch member and of one dependency edge.
+    """
+    tasks = run.args.workflow_tasks
+    table = new_table(
+        f"workflows: statements / CPU µs a task, one process, {tasks:,} tasks, median of {run.args.repeats}",
+        ("backend", "B", *(WORKFLOW_LABELS[kind] for kind in WORKFLOW_KINDS), "a member", "an edge"),
+    )
+    rows = []
+    source = run.args.baseline_source
+    kinds = (*WORKFLOW_KINDS, *(f"{kind}_before" for kind in PLAIN_KINDS if source))
+    for target in run.backends:
+        for b in run.batches:
+            measured: dict[str, list[WorkflowCost]] = {kind: [] for kind in kinds}
+            for repeat in range(run.args.repeats):
+                for kind in kinds if repeat % 2 == 0 else kinds[::-1]:
+                    if kind.endswith("_before"):
+                        cost = baseline_cost(source, target.url, kind.removesuffix("_before"), tasks, b)
+                    else:
+                        cost = workflow_cost(target.url, kind, tasks, b)
+                    measured[kind].append(cost)
+            medians = {
+                kind: WorkflowCost(
+                    kind=kind,
+                    tasks=tasks,
+                    edges=costs[0].edges,
+                    **{
+                        field: statistics.median(getattr(cost, field) for cost in costs)
+                        for field in ("enqueue_statements", "enqueue_cpu", "drain_statements", "drain_cpu")
+                    },
+                )
+                for kind, costs in measured.items()
+            }
+            extra = derived(medians)
+            for kind in PLAIN_KINDS:
+                before = medians.get(f"{kind}_before")
+                if before is not None:
+                    now = medians[kind]
+                    extra[f"{kind}_drain_statements_change"] = now.drain_statements - before.drain_statements
+                    extra[f"{kind}_drain_cpu_ratio"] = now.drain_cpu / before.drain_cpu
+            row: dict[str, Any] = {
+                "backend": target.name,
+                "batch": b,
+                **{kind: cost.as_json() for kind, cost in medians.items()},
+                **extra,
+            }
+            rows.append(row)
+            table.add_row(
+                target.name,
+                str(b),
+                *(
+                    f"enqueue {cost.enqueue_statements:.2f} / {cost.enqueue_cpu:,.0f}, "
+                    f"drain {cost.drain_statements:.2f} / {cost.drain_cpu:,.0f}"
+                    for kind, cost in medians.items()
+                    if kind in WORKFLOW_KINDS
+                ),
+                f"{extra['member_statements']:+.2f} / {extra['member_cpu']:+,.0f}",
+                f"{extra['edge_statements']:+.2f} / {extra['edge_cpu']:+,.0f}",
+            )
+    run.console.print(table)
+    if source:
+        before = new_table(
+            f"plain tasks against {source}: drain statements / CPU µs a task, before -> now",
+            ("backend", "B", *(WORKFLOW_LABELS[kind] for kind in PLAIN_KINDS)),
+        )
+        for row in rows:
+            before.add_row(
+                row["backend"],
+                str(row["batch"]),
+                *(
+                    f"{then['drain_statements']:.3f} / {then['drain_cpu']:,.0f}"
+                    f" -> {now['drain_statements']:.3f} / {now['drain_cpu']:,.0f}"
+                    f" ({row[kind + '_drain_cpu_ratio']:.2f}x)"
+                    for kind in PLAIN_KINDS
+                    for then, now in [(row[kind + "_before"], row[kind])]
+                ),
+            )
+        run.console.print(before)
+    return {"workflows": rows}
+
+
 def running_section(run: Run) -> dict[str, Any]:
     """A claim's and a completion's client cost as tasks pile up running under other workers' claims.
 
@@ -1135,6 +1232,7 @@ SECTION_RUNNERS: dict[str, Callable[[Run], dict[str, Any]]] = {
     "worker_cost": worker_cost_section,
     "failures": failures_section,
     "observability": observability_section,
+    "workflows": workflows_section,
     "galera": galera_section,
 }
 

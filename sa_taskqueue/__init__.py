@@ -23,6 +23,8 @@ from sa_taskqueue.core.events import (
     WorkerEvent,
 )
 from sa_taskqueue.core.exceptions import (
+    BatchClosed,
+    BatchNotFound,
     DatabaseBusy,
     DatabaseError,
     DatabaseUnavailable,
@@ -52,9 +54,11 @@ from sa_taskqueue.features.live_workers import (
     list_live_workers,
     unserved_tasks,
 )
+from sa_taskqueue.features.workflows.batches import BatchState, BatchSummary
 from sa_taskqueue.health import HealthThresholds, TableHealth
 from sa_taskqueue.health.self_test import FootingReport
 from sa_taskqueue.queue import TaskQueue
+from sa_taskqueue.queue.batching import Batch
 from sa_taskqueue.worker.worker import Worker
 
 __version__ = "0.1.0"
@@ -76,6 +80,11 @@ def __getattr__(name: str) -> object:
 
 __all__ = [
     "Base",
+    "Batch",
+    "BatchClosed",
+    "BatchNotFound",
+    "BatchState",
+    "BatchSummary",
     "CancelResult",
     "CancelState",
     "CancellationRequested",

@@ -148,6 +148,11 @@ def make_dashboard_queue(engine: sa.Engine) -> tq.TaskQueue:
     def resize(path: str, width: int) -> None:
         raise ValueError(f"cannot resize {path}: not an image")
 
+    @queue.task(name="thumbs.report", queue="emails")
+    def report(batch: dict[str, Any], to: str) -> None:
+        """A batch's callback (the batches page's tests)."""
+        return
+
     @queue.periodic(every=timedelta(hours=24), name=PERIODIC, queue="reports")
     def nightly_summary() -> None:
         return None
@@ -180,7 +185,7 @@ def seed(engine: sa.Engine, queue: tq.TaskQueue, *, extra_queued: int = 0) -> Se
 
     A real worker in burst mode runs two welcome mails to completion and one
     resize to its last failure (with the traceback the worker stores); a claim
-    left open keeps one task running; one is cancelled; the rest stay queued,
+    left open keeps one task running, and another waits for it; one is cancelled; the rest stay queued,
     ``extra_queued`` more of them for the pages that paginate.
     """
     completed = [enqueue(engine, queue, "mail.send_welcome", {"user_id": n}) for n in (1, 2)]

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import sqlalchemy as sa
+from sqlalchemy.orm import Session
 
 import sa_taskqueue as tq
 from sa_taskqueue.core.types import utcnow
@@ -537,6 +538,71 @@ def test_a_read_only_dashboard_shows_no_action(
     # The same pages with actions, to show the check above can fail.
     open_page(page, f"{dashboards.plain}/tasks/{seeded.failed}", "task")
     expect(page.locator('button[data-action="retry"]')).to_have_count(1)
+
+
+# Batches ----------------------------------------------------------------------
+
+
+def run_burst(queue: tq.TaskQueue) -> None:
+    """A real worker, in this process, until nothing is due: it runs the members and counts them."""
+    queue.run_worker(burst=True, poll_interval=0.05, concurrency=2)
+
+
+def test_batches_page_lists_a_batch_and_its_members(
+    engine: sa.Engine, dashboard_queue: tq.TaskQueue, dashboards: Dashboards, page: Page
+) -> None:
+    report = dashboard_queue.registered("thumbs.report")
+    assert report is not None
+    with Session(engine) as session:
+        with dashboard_queue.batch(
+            session, "welcome wave", on_complete=(report, {"to": "ops@example.com"})
+        ) as finished:
+            finished.enqueue_many("mail.send_welcome", [{"user_id": n} for n in range(4)])
+        session.commit()
+    run_burst(dashboard_queue)
+    with Session(engine) as session:
+        still_open = dashboard_queue.batch(session, "resizes")
+        assert isinstance(still_open, tq.Batch)
+        still_open.enqueue("images.resize", path="/uploads/dog.txt", width=10)
+        still_open.enqueue("images.resize", path="/uploads/cow.txt", width=10)
+        session.commit()
+
+    open_page(page, dashboards.plain + "/", "overview")
+    follow_nav(page, "batches", dashboards.plain)
+    done_row = page.locator(f'tr[data-batch-id="{finished.id}"]')
+    expect(done_row.locator('[data-field="name"]')).to_have_text("welcome wave")
+    expect(done_row.locator('[data-field="status"]')).to_contain_text("finished")
+    expect(done_row.locator('[data-field="outcome"]')).to_have_text("succeeded")
+    expect(done_row.locator('[data-field="succeeded"]')).to_have_text("4")
+    open_row = page.locator(f'tr[data-batch-id="{still_open.id}"]')
+    expect(open_row.locator('[data-field="status"]')).to_have_text("open")
+    expect(open_row.locator('[data-field="pending"]')).to_have_text("2")
+    screenshot(page, "batches")
+
+    with page.expect_navigation():
+        page.locator("[data-show-unfinished]").click()
+    expect(page.locator("tr[data-batch-id]")).to_have_count(1)
+
+    with page.expect_navigation():
+        page.locator(f'tr[data-batch-id="{still_open.id}"] [data-field="name"] a').click()
+    expect(page.locator('main[data-page="batch"]')).to_be_visible()
+    expect(page.locator('dd[data-field="total"]')).to_have_text("2")
+    expect(page.locator('td[data-status="queued"]')).to_have_text("2")
+    screenshot(page, "batch")
+
+    with page.expect_navigation():
+        page.locator("[data-members-link]").click()
+    expect(page.locator('main[data-page="tasks"]')).to_be_visible()
+    expect(page.locator("tr[data-task-id]")).to_have_count(2)
+    assert re.search(rf"batch={still_open.id}\b", page.url)
+    with Session(engine) as session:
+        members = session.scalars(sa.select(tq.Task.id).where(tq.Task.batch_id == still_open.id)).all()
+    assert shown_task_ids(page) == sorted(members, reverse=True)
+
+    # The finished batch's page lists its callback, and the callback task ran with its counts.
+    open_page(page, f"{dashboards.plain}/batches/{finished.id}", "batch")
+    expect(page.locator('tr[data-callback="complete"]')).to_contain_text("ops@example.com")
+    expect(page.locator('td[data-status="completed"]')).to_have_text("4")
 
 
 def test_seeded_rows_cover_every_status(engine: sa.Engine, dashboard_queue: tq.TaskQueue) -> None:

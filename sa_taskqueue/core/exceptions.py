@@ -148,6 +148,25 @@ class TaskNotFound(TaskQueueError, LookupError):
         self.task_id = task_id
 
 
+class BatchNotFound(TaskQueueError, LookupError):
+    """No batch has this id."""
+
+    def __init__(self, batch_id: int) -> None:
+        super().__init__(f"no batch with id {batch_id}")
+        self.batch_id = batch_id
+
+
+class BatchClosed(TaskQueueError, ValueError):
+    """The batch is closed: it takes no more members (nothing was written)."""
+
+    def __init__(self, batch_id: int) -> None:
+        super().__init__(
+            f"batch {batch_id} is closed: it takes no more members (nothing was written); "
+            "open a new batch for more tasks"
+        )
+        self.batch_id = batch_id
+
+
 class ParentNotFound(TaskNotFound):
     """A task was enqueued with ``depends_on`` naming a task that does not exist: nothing was enqueued."""
 
@@ -353,6 +372,8 @@ class PoolTooSmall(TaskQueueError, ValueError):
 
 
 __all__ = [
+    "BatchClosed",
+    "BatchNotFound",
     "Check",
     "DatabaseBusy",
     "DatabaseError",

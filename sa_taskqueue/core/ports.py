@@ -40,6 +40,7 @@ class Enqueuer(Protocol):
         unique_key: str | None = None,
         depends_on: Iterable[Any] | None = None,
         on_parent_failure: str | None = None,
+        batch: Any = None,
     ) -> TaskMixin | Coroutine[Any, Any, TaskMixin]:
         """Add one run of task ``name`` to ``session``; a coroutine for an async session."""
 
@@ -57,6 +58,7 @@ class Enqueuer(Protocol):
         unique_key: str | None = None,
         depends_on: Iterable[Any] | None = None,
         on_parent_failure: str | None = None,
+        batch: Any = None,
     ) -> list[int] | Coroutine[Any, Any, list[int] | None] | None:
         """Add one run of task ``name`` per params dict to ``session``; a coroutine for an async session."""
 

@@ -96,11 +96,12 @@ class RegisteredTask(Generic[P, R]):
         """Add a run of this task with ``params`` to ``session`` (flushed, not committed).
 
         With an `AsyncSession`, a coroutine to await; bad params raise here,
-        before it is returned.  ``depends_on=[...]`` and
-        ``on_parent_failure=...`` among ``params`` are the enqueue's options
-        (`TaskQueue.enqueue`), unless the function has a parameter of that
-        name: then they are its params, and ``task.using(depends_on=[...])``
-        gives the option.
+        before it is returned.  ``depends_on=[...]``,
+        ``on_parent_failure=...`` and ``batch=...`` among ``params`` are the
+        enqueue's options (`TaskQueue.enqueue`), unless the function has a
+        parameter of that name: then they are its params, and
+        ``task.using(depends_on=[...])`` or ``batch.enqueue(task, ...)`` gives
+        the option.
         """
         options = self.workflow_options(params)
         return self.queue.enqueue(session, self.name, params, **options)
@@ -110,7 +111,7 @@ class RegisteredTask(Generic[P, R]):
         return TaskCall(self, params)
 
     def workflow_options(self, params: dict[str, Any]) -> dict[str, Any]:
-        """``depends_on`` and ``on_parent_failure`` out of ``params``, where the function names neither."""
+        """The enqueue options (`WORKFLOW_OPTIONS`) out of ``params``, unless the function takes them."""
         options: dict[str, Any] = {}
         for option in WORKFLOW_OPTIONS:
             if option in params and not self.names_param(option):
@@ -313,8 +314,8 @@ class TaskWithOptions:
         """Add a run of the task with ``params`` and these options to ``session`` (flushed, not committed).
 
         With an `AsyncSession`, a coroutine to await, as `TaskQueue.enqueue`.
-        ``depends_on`` and ``on_parent_failure`` among ``params`` are taken
-        as `RegisteredTask.enqueue` takes them, over these options.
+        ``depends_on``, ``on_parent_failure`` and ``batch`` among ``params``
+        are taken as `RegisteredTask.enqueue` takes them, over these options.
         """
         options: dict[str, Any] = {"depends_on": self.depends_on, "on_parent_failure": self.on_parent_failure}
         options.update(self.task.workflow_options(params))
@@ -338,6 +339,7 @@ class TaskWithOptions:
         /,
         *,
         chunk_size: int = 1000,
+        batch: Any = None,
     ) -> list[int] | None: ...
 
     @overload
@@ -348,6 +350,7 @@ class TaskWithOptions:
         /,
         *,
         chunk_size: int = 1000,
+        batch: Any = None,
     ) -> Coroutine[Any, Any, list[int] | None]: ...
 
     def enqueue_many(
@@ -357,10 +360,12 @@ class TaskWithOptions:
         /,
         *,
         chunk_size: int = 1000,
+        batch: Any = None,
     ) -> list[int] | Coroutine[Any, Any, list[int] | None] | None:
         """One run per params dict, with these options, one INSERT per ``chunk_size``, as ``enqueue_many``.
 
-        With an `AsyncSession`, a coroutine to await.
+        With an `AsyncSession`, a coroutine to await.  ``batch``: the batch
+        (a `Batch` or its id) every row joins.
         """
         # (One call for every kind of session: the queue's overloads pick the return type.)
         return self.task.queue.enqueue_many(
@@ -372,6 +377,7 @@ class TaskWithOptions:
             run_at=self._run_at(),
             max_attempts=self.max_attempts,
             chunk_size=chunk_size,
+            batch=batch,
             unique_key=self.unique_key,
             depends_on=self.depends_on,
             on_parent_failure=self.on_parent_failure,
@@ -433,7 +439,7 @@ class TaskCall:
 
 
 #: The enqueue options ``task.enqueue(session, **params)`` takes out of its params (`RegisteredTask.enqueue`).
-WORKFLOW_OPTIONS = ("depends_on", "on_parent_failure")
+WORKFLOW_OPTIONS = ("depends_on", "on_parent_failure", "batch")
 
 #: How many sets of params keys known to fit a task's function are remembered.
 _REMEMBERED_KEY_SETS = 64

@@ -35,6 +35,7 @@ from sqlalchemy.orm import Session, UOWTransaction
 from sqlalchemy.orm.state import InstanceState
 
 from sa_taskqueue.core import at_commit
+from sa_taskqueue.core.batch_members import count_flushed_finished_members, count_flushed_members
 from sa_taskqueue.core.exceptions import is_missing_table, schema_missing
 from sa_taskqueue.core.limits import ColumnLimits
 from sa_taskqueue.core.model import TaskMixin
@@ -204,6 +205,12 @@ def listen() -> None:
     """Register the listeners on the `Session` class, these and `at_commit`'s (once: repeats are ignored)."""
     if not event.contains(Session, "before_flush", check_task_rows):
         event.listen(Session, "before_flush", check_task_rows)
+    # After the dependencies' own listener (registered when the queue's modules are imported, before
+    # this runs): a dependent refused for a missing parent is refused before its batch counts it.
+    if not event.contains(Session, "before_flush", count_flushed_members):
+        event.listen(Session, "before_flush", count_flushed_members)
+    if not event.contains(Session, "after_flush", count_flushed_finished_members):
+        event.listen(Session, "after_flush", count_flushed_finished_members)
     if not event.contains(Session, "after_flush", notify_task_rows):
         event.listen(Session, "after_flush", notify_task_rows)
     if not event.contains(Engine, "handle_error", missing_task_table):

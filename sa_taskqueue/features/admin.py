@@ -38,6 +38,7 @@ from sa_taskqueue.core.model import FINISHED_STATUSES, Task, TaskMixin, TaskStat
 from sa_taskqueue.core.notify import notify_enqueued
 from sa_taskqueue.core.types import LongText, utcnow
 from sa_taskqueue.features import unique
+from sa_taskqueue.features.workflows import batches
 from sa_taskqueue.features.workflows.bookkeeping import cancelled_now
 
 
@@ -253,9 +254,19 @@ class Admin:
             "progress_at": None,
         }
         with translate_database_errors(self.engine, self.table), self.engine.begin() as conn:
+            # Batch members leave their batch's counts as they are queued again, and are counted
+            # when they finish again: each member counted once (`batches.members_reopened`).
+            members = conn.execute(
+                select(t.c.batch_id, t.c.status)
+                .where(condition, t.c.unique_key.is_(None), t.c.batch_id.is_not(None))
+                .with_for_update()
+            ).all()
             retried = conn.execute(
                 update(t).where(condition, t.c.unique_key.is_(None)).values(**again)
             ).rowcount
+            batches.members_reopened(
+                conn, t, [batches.Member(batch_id, TaskStatus(status)) for batch_id, status in members]
+            )
             keyed = conn.execute(
                 select(t.c.id, t.c.name, t.c.unique_key)
                 .where(condition, t.c.unique_key.is_not(None))

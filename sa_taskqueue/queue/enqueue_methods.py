@@ -7,25 +7,27 @@ written by the queue's `Enqueuing` part, dependencies by
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, TypeGuard, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, cast, overload
 
 from sqlalchemy.orm import Session, scoped_session
 
 from sa_taskqueue.core import validation
-from sa_taskqueue.core.event_loop_bridge import asyncio_extension
+from sa_taskqueue.core.batch_members import check_batch_id
 from sa_taskqueue.core.model import TaskMixin
 from sa_taskqueue.core.registered import TaskCall
+from sa_taskqueue.core.task_rows import TaskRows
 from sa_taskqueue.core.unawaited import EnqueueCoroutine
 from sa_taskqueue.features.workflows.dependencies import parent_results
+from sa_taskqueue.queue.batching import Batch
 from sa_taskqueue.queue.enqueuing import Enqueuing, check_dependencies
 from sa_taskqueue.queue.parts import QueueParts
+from sa_taskqueue.queue.sessions import in_async_session as _in_async_session
+from sa_taskqueue.queue.sessions import is_async_session as _is_async_session
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession, async_scoped_session
-
-T = TypeVar("T")
 
 
 class EnqueueMethods:
@@ -48,6 +50,7 @@ class EnqueueMethods:
         unique_key: str | None = None,
         depends_on: Iterable[TaskMixin | int] | None = None,
         on_parent_failure: str | None = None,
+        batch: Batch | int | None = None,
     ) -> TaskMixin: ...
 
     @overload
@@ -64,6 +67,7 @@ class EnqueueMethods:
         unique_key: str | None = None,
         depends_on: Iterable[TaskMixin | int] | None = None,
         on_parent_failure: str | None = None,
+        batch: Batch | int | None = None,
     ) -> Coroutine[Any, Any, TaskMixin]: ...
 
     def enqueue(
@@ -79,6 +83,7 @@ class EnqueueMethods:
         unique_key: str | None = None,
         depends_on: Iterable[TaskMixin | int] | None = None,
         on_parent_failure: str | None = None,
+        batch: Batch | int | None = None,
     ) -> TaskMixin | Coroutine[Any, Any, TaskMixin]:
         """Add a task to the caller's ``session`` and flush it; the caller commits.
 
@@ -100,6 +105,11 @@ class EnqueueMethods:
         it, unless ``on_parent_failure="run"`` (see
         `sa_taskqueue.features.workflows.dependencies`).  A unique key and
         ``depends_on`` together are refused.
+
+        With a ``batch`` (a `Batch` or its id), the task joins that open
+        batch, which counts it in this transaction; a closed batch raises
+        `BatchClosed` with nothing written.  A batch member cannot have a
+        unique key.
         """
         values = self._enqueuing.task_values(
             name,
@@ -112,6 +122,8 @@ class EnqueueMethods:
             depends_on=depends_on,
             on_parent_failure=on_parent_failure,
         )
+        if batch is not None:
+            values["batch_id"] = _member_of(batch, "unique_key" in values)
         if _is_async_session(session):
             return EnqueueCoroutine(
                 _in_async_session(session, lambda sync_session: self._enqueuing.add(sync_session, values)),
@@ -134,6 +146,7 @@ class EnqueueMethods:
         unique_key: str | None = None,
         depends_on: Iterable[TaskMixin | int] | None = None,
         on_parent_failure: str | None = None,
+        batch: Batch | int | None = None,
     ) -> list[int] | None: ...
 
     @overload
@@ -151,6 +164,7 @@ class EnqueueMethods:
         unique_key: str | None = None,
         depends_on: Iterable[TaskMixin | int] | None = None,
         on_parent_failure: str | None = None,
+        batch: Batch | int | None = None,
     ) -> Coroutine[Any, Any, list[int] | None]: ...
 
     def enqueue_many(
@@ -167,6 +181,7 @@ class EnqueueMethods:
         unique_key: str | None = None,
         depends_on: Iterable[TaskMixin | int] | None = None,
         on_parent_failure: str | None = None,
+        batch: Batch | int | None = None,
     ) -> list[int] | Coroutine[Any, Any, list[int] | None] | None:
         """Add one task per params dict in the caller's transaction; the caller commits.
 
@@ -199,6 +214,8 @@ class EnqueueMethods:
         rows = self._enqueuing.many_task_values(
             name, params_list, queue, priority, run_at, max_attempts, unique_key
         )
+        if batch is not None and rows:
+            rows = _in_batch(rows, _member_of(batch, "unique_key" in rows[0]))
         parents = check_dependencies(depends_on, on_parent_failure, rows[0] if rows else {})
 
         def insert(sync_session: Session) -> list[int] | None:
@@ -304,24 +321,20 @@ class EnqueueMethods:
             return parts.call(lambda: parent_results(parts.engine, parts.table, task_id))
 
 
-def _is_async_session(session: object) -> TypeGuard[AsyncSession | async_scoped_session[Any]]:
-    ext = asyncio_extension()
-    return ext is not None and isinstance(session, ext.AsyncSession | ext.async_scoped_session)
+def _member_of(batch: object, keyed: bool) -> int:
+    """The id of the batch an enqueue joins (a `Batch` or an id); a keyed task cannot join one."""
+    if keyed:
+        raise ValueError(
+            "a batch member cannot have a unique key: a held key would return a task outside the batch"
+        )
+    return batch.id if isinstance(batch, Batch) else check_batch_id(batch)
 
 
-async def _in_async_session(
-    session: AsyncSession | async_scoped_session[Any], work: Callable[[Session], T]
-) -> T:
-    """``work(sync_session)`` in the async session's greenlet, on the caller's loop and connection.
-
-    The same code as a sync enqueue, so a task added this way is checked,
-    flushed and announced (NOTIFY) exactly as one added with a `Session`.
-    """
-    # An async_scoped_session proxies to the AsyncSession of the current scope.
-    ext = asyncio_extension()
-    assert ext is not None  # an async session exists, so its module was imported
-    target = cast("AsyncSession", session() if isinstance(session, ext.async_scoped_session) else session)
-    return await target.run_sync(work)
+def _in_batch(rows: Sequence[Mapping[str, Any]], batch_id: int) -> Sequence[Mapping[str, Any]]:
+    """``rows`` as members of batch ``batch_id`` (held once for all rows of a bulk enqueue)."""
+    if isinstance(rows, TaskRows):
+        return TaskRows({**rows.shared, "batch_id": batch_id}, rows.varying)
+    return [{**row, "batch_id": batch_id} for row in rows]
 
 
 __all__ = ["EnqueueMethods"]

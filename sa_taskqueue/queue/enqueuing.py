@@ -7,6 +7,7 @@ INSERTs or COPY for `enqueue_many`) and exist exactly when it commits.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -17,9 +18,10 @@ from sqlalchemy.orm import Session
 
 from sa_taskqueue.core import validation
 from sa_taskqueue.core.at_commit import emit_at_commit
+from sa_taskqueue.core.batch_members import count_finished_at_insert, count_members, uncount_members
 from sa_taskqueue.core.bulk_insert import insert_rows
 from sa_taskqueue.core.events import EnqueueEvent, EventKind, EventStream, TaskEvent
-from sa_taskqueue.core.exceptions import ParentNotFound, missing_table_errors
+from sa_taskqueue.core.exceptions import BatchClosed, BatchNotFound, ParentNotFound, missing_table_errors
 from sa_taskqueue.core.model import TaskMixin, check_parents
 from sa_taskqueue.core.notify import notify_enqueued
 from sa_taskqueue.core.registered import RegisteredTask
@@ -83,7 +85,7 @@ class Enqueuing:
                 session.add(task)
                 try:
                     session.flush()  # which checks the row again and sends its NOTIFY (core.session_events)
-                except ParentNotFound:
+                except (ParentNotFound, BatchClosed, BatchNotFound):
                     # Refused before any SQL of its own: the session goes on without it.
                     session.expunge(task)
                     raise
@@ -121,7 +123,15 @@ class Enqueuing:
                 rows = _with_headers(rows, announced.headers)
         else:
             announced = None
+        batch_id = rows[0].get("batch_id")  # (one batch for all rows of a call)
+        counted = False
         try:
+            if batch_id is not None:
+                # Counted into the batch first: a closed batch refuses them before any row is written.
+                count_members(
+                    session.connection(bind_arguments={"clause": table}), table, {batch_id: len(rows)}
+                )
+                counted = True
             if "unique_key" in rows[0]:  # (a key for one row is a key for all: unique_key or unique_by)
                 ids, new = unique.add_many_or_find(session, table, rows)
             elif depends_on:
@@ -130,6 +140,9 @@ class Enqueuing:
                 )
                 if status.value == "queued":
                     notify_enqueued(session, table, {row["queue"] for row in rows})
+                elif batch_id is not None:
+                    # Cancelled at once (a parent failed): no final write will count them.
+                    count_finished_at_insert(session.connection(), table, batch_id, status, len(rows))
                 new = list(range(len(rows)))
             else:
                 ids = insert_rows(session.connection(), table, rows, chunk_size=chunk_size)
@@ -139,6 +152,10 @@ class Enqueuing:
                 notify_enqueued(session, table, queues)
                 new = list(range(len(rows)))
         except BaseException as error:
+            if counted and batch_id is not None:
+                # A transaction a failed INSERT leaves usable (MySQL, SQLite) must not keep the count.
+                with contextlib.suppress(Exception):
+                    uncount_members(session.connection(), table, batch_id, len(rows))
             _tell(announced, None, error)
             raise
         _tell(announced, [None] * len(rows) if ids is None else ids, None)

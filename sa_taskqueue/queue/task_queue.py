@@ -31,6 +31,7 @@ from sa_taskqueue.features.schedules import EnqueuedSlot, PeriodicTask, Schedule
 from sa_taskqueue.health import HealthThresholds, TableHealth, measure_table_health
 from sa_taskqueue.health.self_test import check_footing
 from sa_taskqueue.queue.attached import run_attached
+from sa_taskqueue.queue.batching import BatchOperations
 from sa_taskqueue.queue.cancelling import RunningTaskControl
 from sa_taskqueue.queue.claiming import Claims
 from sa_taskqueue.queue.claims_and_outcomes import ClaimsAndOutcomes
@@ -59,7 +60,7 @@ DEFAULT_LEASE = timedelta(minutes=5)
 DEFAULT_MAX_RETRY_DELAY = timedelta(hours=1)
 
 
-class TaskQueue(EnqueueMethods, ClaimsAndOutcomes, LiveWorkersListing, RunningTaskControl):
+class TaskQueue(EnqueueMethods, ClaimsAndOutcomes, LiveWorkersListing, RunningTaskControl, BatchOperations):
     """A task queue on one table of one database.
 
     ``bind`` is an `Engine` or a `sessionmaker` bound to one, or an

@@ -42,6 +42,7 @@ from sa_taskqueue.features import admin, schedules
 from sa_taskqueue.features.admin import Admin, Undecodable
 from sa_taskqueue.features.live_workers import list_live_workers, unserved_tasks
 from sa_taskqueue.features.pausing import read_paused
+from sa_taskqueue.features.workflows import batches as batch_rows
 from sa_taskqueue.health import health_lines
 from sa_taskqueue.integrations.dashboard import reads
 from sa_taskqueue.integrations.dashboard.guard import (
@@ -86,6 +87,7 @@ TASK_FIELDS = (
     "progress_at",
     "cancel_requested_at",
     "cancelled_by",
+    "batch_id",
 )
 
 
@@ -120,6 +122,8 @@ def create_app(
         Route("/queues/{queue_name:path}/{action:str}", dashboard.queue_action, methods=["POST"]),
         Route("/schedules/{task_name:path}/enqueue", dashboard.enqueue_now, methods=["POST"]),
         Route("/workers", dashboard.workers, name="workers"),
+        Route("/batches", dashboard.batches, name="batches"),
+        Route("/batches/{batch_id:int}", dashboard.batch, name="batch"),
         Route("/schedules", dashboard.schedules, name="schedules"),
         Route("/health", dashboard.health, name="health"),
         Route("/metrics", dashboard.metrics, name="metrics"),
@@ -422,6 +426,67 @@ class Dashboard:
         workers, unserved = await self.db(read)
         return self.render(request, "workers.html", "workers", workers=workers, unserved=unserved)
 
+    async def batches(self, request: Request) -> Response:
+        """The newest batches, with their counts by outcome and what is pending; ``?unfinished=1`` filters."""
+        unfinished = request.query_params.get("unfinished", "") not in ("", "0")
+        before_text = request.query_params.get("before", "").strip()
+        before: int | None = None
+        if before_text:
+            try:
+                before = int(before_text)
+                validation.check_task_id(before)
+            except (TypeError, ValueError):
+                return self.render(
+                    request, "error.html", "batches", status_code=400, message=f"No batch id {before_text!r}."
+                )
+
+        def read(engine: sa.Engine, table: sa.Table) -> list[batch_rows.BatchState]:
+            with engine.connect() as conn:
+                return batch_rows.listing(
+                    conn, table, limit=reads.PAGE_SIZE + 1, before=before, unfinished=unfinished
+                )
+
+        rows = await self.db(read)
+        more = len(rows) > reads.PAGE_SIZE
+        rows = rows[: reads.PAGE_SIZE]
+        next_url = None
+        if more:
+            query = {"before": str(rows[-1].id), **({"unfinished": "1"} if unfinished else {})}
+            next_url = _url(mount_point(request), "/batches", query)
+        return self.render(
+            request, "batches.html", "batches", batches=rows, unfinished=unfinished, next_url=next_url
+        )
+
+    async def batch(self, request: Request) -> Response:
+        """One batch: its counts, its members by status now (each a link to them), its callbacks."""
+        batch_id = request.path_params["batch_id"]
+        try:
+            validation.check_task_id(batch_id)
+        except (TypeError, ValueError):
+            return self.render(
+                request, "error.html", "batch", status_code=404, message=f"No batch {batch_id}."
+            )
+
+        def read(engine: sa.Engine, table: sa.Table) -> tuple[Any, dict[str, int]]:
+            with engine.connect() as conn:
+                state = batch_rows.read(conn, table, batch_id)
+                members = batch_rows.member_statuses(conn, table, batch_id) if state is not None else {}
+                return state, members
+
+        state, members = await self.db(read)
+        if state is None:
+            return self.render(
+                request, "error.html", "batch", status_code=404, message=f"No batch {batch_id}."
+            )
+        return self.render(
+            request,
+            "batch.html",
+            "batch",
+            batch=state,
+            members=members,
+            statuses=[status.value for status in TaskStatus],
+        )
+
     async def schedules(self, request: Request) -> Response:
         app = self.app
         if app is None:
@@ -674,6 +739,14 @@ def _filters(request: Request, limits: ColumnLimits) -> tuple[reads.TaskFilters,
             validation.check_task_id(before)
         except (TypeError, ValueError):
             raise BadInput(f"before: {before_text!r} is not a task id") from None
+    batch_text = text("batch")
+    batch: int | None = None
+    if batch_text is not None:
+        try:
+            batch = int(batch_text)
+            validation.check_task_id(batch)
+        except (TypeError, ValueError):
+            raise BadInput(f"batch: {batch_text!r} is not a batch id") from None
     search = text("q")
     if search is not None and len(search) > 200:
         raise BadInput("q: a search is at most 200 characters")
@@ -684,6 +757,7 @@ def _filters(request: Request, limits: ColumnLimits) -> tuple[reads.TaskFilters,
         since=_moment("since", text("since")),
         until=_moment("until", text("until")),
         q=search,
+        batch=batch,
     )
     if filters.queue is not None and len(filters.queue) > limits.queue_length:
         raise BadInput(f"queue: longer than the column's {limits.queue_length} characters")

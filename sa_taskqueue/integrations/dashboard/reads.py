@@ -65,10 +65,17 @@ class TaskFilters:
     since: datetime | None = None
     until: datetime | None = None
     q: str | None = None
+    #: The members of one batch: the ``batch_id`` index finds them, so no id window is needed for it alone.
+    batch: int | None = None
 
     @property
     def any(self) -> bool:
         return any(value is not None for value in vars(self).values())
+
+    @property
+    def unindexed(self) -> bool:
+        """Whether a filter no index serves is set: then the walk is bounded to a window of ids."""
+        return any(value is not None for key, value in vars(self).items() if key != "batch")
 
 
 @dataclass
@@ -166,7 +173,7 @@ def task_page(
     with engine.connect() as conn:
         if before is None:
             before = (conn.scalar(select(func.max(table.c.id))) or 0) + 1
-        if filters.any:
+        if filters.unindexed:
             window_floor = max(before - SCAN_WINDOW, 0)
             query = query.where(table.c.id >= window_floor)
         query = query.where(table.c.id < before)
@@ -180,6 +187,8 @@ def task_page(
             query = query.where(table.c.created_at >= filters.since)
         if filters.until is not None:
             query = query.where(table.c.created_at < filters.until)
+        if filters.batch is not None:
+            query = query.where(table.c.batch_id == filters.batch)
         if filters.q is not None:
             # The stored JSON as text (a real CAST: PostgreSQL's jsonb has no LIKE), and the error text.
             query = query.where(
