@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 import sa_taskqueue as tq
 from sa_taskqueue.core.types import utcnow
 from sa_taskqueue.features import retention
+from sa_taskqueue.features.admin import Admin
 from tests.app import make_queue
 from tests.backends import Backend
 from tests.helpers import ROOT, MovableClock, wait_until
@@ -93,6 +94,57 @@ def test_only_rows_older_than_their_status_age_are_deleted(engine: sa.Engine) ->
     clock.advance(timedelta(days=13))  # the young ones come of age
     assert queue.delete_expired() == 6
     assert counts(engine) == {"old-cancelled": 3, "queued": 3, "running": 3}
+
+
+def test_the_dependency_edges_of_deleted_tasks_go_with_them(engine: sa.Engine) -> None:
+    clock = MovableClock()
+    queue = make_queue(engine, None, timedelta(minutes=5))
+    with Session(engine) as session, session.begin():
+        parent = queue.enqueue(session, "record", {"key": 1}, queue="old")
+        old_child = queue.enqueue(session, "record", {"key": 2}, queue="old", depends_on=[parent])
+        young_child = queue.enqueue(session, "record", {"key": 3}, queue="young", depends_on=[parent])
+        ids = parent.id, old_child.id, young_child.id
+    old_child_id, young_child_id = ids[1:]
+    with engine.begin() as conn:
+        conn.execute(
+            sa.update(TABLE)
+            .where(TABLE.c.id.in_(ids))
+            .values(status=tq.TaskStatus.COMPLETED, finished_at=clock.now() - timedelta(hours=1))
+        )
+        conn.execute(
+            sa.update(TABLE).where(TABLE.c.queue == "old").values(finished_at=clock.now() - timedelta(days=2))
+        )
+    edges = tq.Task.metadata.tables[f"{TABLE.name}_dependencies"]
+
+    def children() -> list[int]:
+        with engine.connect() as conn:
+            return sorted(conn.scalars(sa.select(edges.c.child_id)))
+
+    assert children() == sorted([old_child_id, young_child_id])
+    queue = tq.TaskQueue(engine, clock=clock.now, retention={"completed": timedelta(days=1)})
+    assert queue.delete_expired() == 2, "the old parent and the old child"
+    assert children() == [young_child_id], "the deleted child's edge is gone; the other stays"
+    clock.advance(timedelta(days=2))
+    assert queue.delete_expired() == 1
+    assert children() == []
+
+
+def test_a_purge_by_hand_deletes_the_edges_of_the_tasks_it_deletes(engine: sa.Engine) -> None:
+    queue = make_queue(engine, None, timedelta(minutes=5))
+    with Session(engine) as session, session.begin():
+        parent = queue.enqueue(session, "record", {"key": 1})
+        child = queue.enqueue(session, "record", {"key": 2}, depends_on=[parent])
+        ids = [parent.id, child.id]
+    with engine.begin() as conn:
+        conn.execute(
+            sa.update(TABLE)
+            .where(TABLE.c.id.in_(ids))
+            .values(status=tq.TaskStatus.COMPLETED, finished_at=utcnow() - timedelta(days=8))
+        )
+    edges = tq.Task.metadata.tables[f"{TABLE.name}_dependencies"]
+    assert Admin(engine, TABLE).purge(["completed"], timedelta(days=7)) == 2
+    with engine.connect() as conn:
+        assert conn.scalar(sa.select(sa.func.count()).select_from(edges)) == 0
 
 
 def test_one_holder_of_the_lease_at_a_time(engine: sa.Engine) -> None:
@@ -190,6 +242,7 @@ from pathlib import Path
 import sqlalchemy as sa
 import sa_taskqueue as tq
 from sa_taskqueue.features import retention
+from sa_taskqueue.features.admin import Admin
 from sa_taskqueue.core.control import control_table_of
 from sa_taskqueue.core.types import utcnow
 

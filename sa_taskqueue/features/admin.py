@@ -31,6 +31,7 @@ from sqlalchemy.orm import Session
 
 from sa_taskqueue.backends import backend_for
 from sa_taskqueue.core import validation
+from sa_taskqueue.core.dependency_table import dependency_table_of
 from sa_taskqueue.core.exceptions import translate_database_errors
 from sa_taskqueue.core.finished import notify_finished
 from sa_taskqueue.core.limits import ColumnLimits
@@ -330,6 +331,9 @@ class Admin:
                     if not ids:
                         return deleted
                     deleted += conn.execute(delete(t).where(t.c.id.in_(ids))).rowcount
+                    # Their edges to their parents matter no more (`retention.orphan_edges_delete`).
+                    edges = dependency_table_of(t)
+                    conn.execute(delete(edges).where(edges.c.child_id.in_(ids)))
 
 
 def cancel_queued(conn: Connection, table: Table, task_id: int, now: datetime) -> bool:

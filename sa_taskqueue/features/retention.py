@@ -17,6 +17,12 @@ Each batch is one DELETE of at most ``batch_size`` rows (500 by default),
 committed on its own, found through the index ``ix_<table>_finished``
 (status, finished_at): no long transaction, no lock held across batches,
 and claims, which read only queued rows, never wait for it for long.
+
+A pass that deleted tasks then deletes the dependency edges
+(``<task table>_dependencies``) whose child is gone: an edge matters while
+its child waits, and for the parent results the child may read, never once
+the child itself is deleted.  One DELETE, walking the edges (as many as the
+tasks that have parents still in the table), each checked by primary key.
 """
 
 from __future__ import annotations
@@ -28,12 +34,13 @@ from datetime import datetime, timedelta
 from threading import Event
 from typing import Any
 
-from sqlalchemy import ColumnElement, Delete, Engine, Table, bindparam, delete, select
+from sqlalchemy import ColumnElement, Delete, Engine, Table, bindparam, delete, exists, select
 from sqlalchemy.engine import Dialect
 
 from sa_taskqueue.backends import backend_for
 from sa_taskqueue.core import control, control_rows, validation
 from sa_taskqueue.core.control_rows import ensure_row
+from sa_taskqueue.core.dependency_table import dependency_table_of
 from sa_taskqueue.core.exceptions import DatabaseUnavailable
 from sa_taskqueue.core.model import FINISHED_STATUSES, TaskStatus, has_status
 from sa_taskqueue.features.ports import QueueContext
@@ -122,6 +129,17 @@ def batch_delete(
     return delete(table).where(*old, table.c.id.in_(select(table.c.id).where(*old).limit(batch_size)))
 
 
+def orphan_edges_delete(table: Table) -> Delete:
+    """The DELETE of the dependency edges of ``table`` whose child task no longer exists.
+
+    An edge and its child are written in one transaction, so an edge whose
+    child is not there (as this statement's snapshot sees it) is one whose
+    child was deleted, never one whose child is still being enqueued.
+    """
+    edges = dependency_table_of(table)
+    return delete(edges).where(~exists().where(table.c.id == edges.c.child_id))
+
+
 def take_lease(engine: Engine, task_table: Table, holder: str, now: datetime, *, create: bool = True) -> bool:
     """Take or renew the retention lease of ``task_table`` for ``holder`` until ``now + LEASE``.
 
@@ -178,6 +196,9 @@ def delete_expired(
                     on_batch(count)
                 if count < batch_size:
                     break
+        if deleted:
+            with engine.begin() as conn:
+                conn.execute(orphan_edges_delete(table))
     finally:
         release_lease(engine, table, holder, clock())
     return deleted
