@@ -41,9 +41,13 @@ def make_cancel_queue(
     clock: Callable[[], datetime] = utcnow,
     *,
     transactional: bool = True,
+    strategy: str | None = None,
 ) -> tq.TaskQueue:
-    """The tasks below; ``transactional=False`` leaves out the transactional one (for process isolation)."""
-    queue = tq.TaskQueue(engine, lease=lease, clock=clock)
+    """The tasks below; ``transactional=False`` leaves out the transactional one (for process isolation).
+
+    ``strategy``: a strategy's name, else the backend's default.
+    """
+    queue = tq.TaskQueue(engine, lease=lease, clock=clock, strategy=strategy)
 
     @queue.task(name="loop_sync")
     def loop_sync(key: int) -> None:

@@ -479,7 +479,20 @@ def test_an_async_session_opens_fills_and_closes_a_batch(engine: sa.Engine, back
             return int(batch.id)
 
     batch_id = asyncio.run(main())
+
+    async def closed_by_async_with() -> int:
+        async with AsyncSession(async_engine) as session:
+            with pytest.raises(TypeError, match="async with"), await queue.batch(session, "plain with"):  # type: ignore[misc]
+                pass
+            await session.rollback()
+            async with await queue.batch(session, "async with", on_success=done) as batch:  # type: ignore[misc]
+                await batch.enqueue("member", n=4)
+            await session.commit()
+            return int(batch.id)
+
+    closed_id = asyncio.run(closed_by_async_with())
     asyncio.run(async_engine.dispose())
+    assert queue.batch_state(closed_id).closed_at is not None, "the async with closed it"
     assert queue.batch_state(batch_id).total == 3
     finish(engine, batch_id, *[tq.TaskStatus.COMPLETED] * 3)
     assert len(tasks_named(engine, "done")) == 1

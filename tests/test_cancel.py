@@ -390,6 +390,25 @@ def test_progress_past_the_lease_is_refused(engine: sa.Engine, strategy_name: st
         queue_on_clock.close()
 
 
+def test_a_running_task_that_reports_progress_is_still_held_and_not_recovered(
+    engine: sa.Engine, strategy_name: str
+) -> None:
+    queue = make_cancel_queue(engine, LEASE, strategy=strategy_name)
+    try:
+        task_id = enqueue_one(queue, engine, "nap", {"key": 1, "seconds": 0})
+        [task] = queue.claim(limit=1)
+        writer = ProgressWriter(queue, clock=StepClock())
+        writer.report(task, 0.5, None)
+        writer.write_due()
+        assert writer.written == 1
+        assert queue.recover() == 0, "its claim still holds it (the advisory lock too)"
+        assert status(engine, task_id) is tq.TaskStatus.RUNNING
+        assert queue.complete(task, None)
+        assert status(engine, task_id) is tq.TaskStatus.COMPLETED
+    finally:
+        queue.close()
+
+
 def test_a_running_task_reports_progress_readable_from_the_api_and_show(
     backend: Backend, engine: sa.Engine, cancel_queue: tq.TaskQueue, start_worker: StartWorker
 ) -> None:

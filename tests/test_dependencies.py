@@ -28,6 +28,7 @@ import sa_taskqueue as tq
 from sa_taskqueue.core.batch_table import batch_table_of
 from sa_taskqueue.core.dependency_table import dependency_table_of
 from sa_taskqueue.core.types import utcnow
+from sa_taskqueue.features.admin import Admin
 from sa_taskqueue.features.cancellation import write_cancelled
 from sa_taskqueue.features.workflows import bookkeeping
 from sa_taskqueue.features.workflows.dependencies import decide
@@ -782,3 +783,45 @@ def test_advisory_workflow_writes_hold_by_the_lock_past_the_lease(
         queue.close()
     expected = tq.TaskStatus.QUEUED if finish == "complete_many" else tq.TaskStatus.CANCELLED
     assert status(engine, child_id) is expected
+
+
+# Retries of tasks in a graph ------------------------------------------------------------------
+
+
+def test_a_retried_parent_is_counted_once_by_a_dependent_that_runs_whatever_its_parents(
+    flow: tq.TaskQueue, engine: sa.Engine
+) -> None:
+    with Session(engine) as session, session.begin():
+        a = flow.enqueue(session, "step", {"n": 1}, max_attempts=1)
+        b = flow.enqueue(session, "step", {"n": 2})
+        child = flow.enqueue(session, "step", {"n": 3}, depends_on=[a, b], on_parent_failure="run")
+        a_id, b_id, child_id = a.id, b.id, child.id
+    claimed = claim_all(flow)
+    assert flow.fail(claimed[a_id], "boom", retry=False)
+    assert task_row(engine, child_id).parents_pending == 1, "a's failure counted"
+    assert Admin(engine, flow.table).retry(a_id) == 1
+    assert task_row(engine, child_id).parents_pending == 2, "a is unfinished again: it counts once more"
+    [again] = flow.claim(limit=10)
+    assert again.id == a_id
+    assert flow.complete(again, 1)
+    assert status(engine, b_id) is tq.TaskStatus.RUNNING
+    assert status(engine, child_id) is tq.TaskStatus.WAITING, "b has not finished"
+    assert flow.complete(claimed[b_id], 2)
+    assert status(engine, child_id) is tq.TaskStatus.QUEUED
+
+
+def test_a_retried_dependent_waits_again_for_its_unfinished_parents(
+    flow: tq.TaskQueue, engine: sa.Engine
+) -> None:
+    with Session(engine) as session, session.begin():
+        a = flow.enqueue(session, "step", {"n": 1})
+        child = flow.enqueue(session, "step", {"n": 3}, depends_on=[a])
+        a_id, child_id = a.id, child.id
+    assert flow.cancel_task(child_id).cancelled
+    assert Admin(engine, flow.table).retry(child_id) == 1
+    row = task_row(engine, child_id)
+    assert (row.status, row.parents_pending) == (tq.TaskStatus.WAITING, 1), "a is still queued"
+    claimed = claim_all(flow)
+    assert set(claimed) == {a_id}, "only the parent is claimable"
+    assert flow.complete(claimed[a_id], 10)
+    assert status(engine, child_id) is tq.TaskStatus.QUEUED, "released by its parent's completion"

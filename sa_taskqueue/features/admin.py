@@ -39,7 +39,7 @@ from sa_taskqueue.core.model import FINISHED_STATUSES, Task, TaskMixin, TaskStat
 from sa_taskqueue.core.notify import notify_enqueued
 from sa_taskqueue.core.types import LongText, utcnow
 from sa_taskqueue.features import unique
-from sa_taskqueue.features.workflows import batches
+from sa_taskqueue.features.workflows import batches, dependencies
 from sa_taskqueue.features.workflows.bookkeeping import cancelled_now
 
 
@@ -262,9 +262,13 @@ class Admin:
                 .where(condition, t.c.unique_key.is_(None), t.c.batch_id.is_not(None))
                 .with_for_update()
             ).all()
+            unkeyed = list(
+                conn.scalars(select(t.c.id).where(condition, t.c.unique_key.is_(None)).with_for_update())
+            )
             retried = conn.execute(
                 update(t).where(condition, t.c.unique_key.is_(None)).values(**again)
             ).rowcount
+            reopened_ids = list(unkeyed)
             batches.members_reopened(
                 conn, t, [batches.Member(batch_id, TaskStatus(status)) for batch_id, status in members]
             )
@@ -278,9 +282,14 @@ class Admin:
                 if (name, key) in taken or self._key_held(conn, name, key):
                     continue
                 taken.add((name, key))
-                retried += conn.execute(
+                written = conn.execute(
                     update(t).where(condition, t.c.id == keyed_id).values(**again)
                 ).rowcount
+                retried += written
+                if written:
+                    reopened_ids.append(keyed_id)
+            # Their dependents count their next end, and those with parents wait for them again.
+            dependencies.reopened(conn, t, reopened_ids)
         return retried
 
     def _key_held(self, conn: Connection, name: str, key: str) -> bool:

@@ -131,6 +131,9 @@ class Batch:
         )
 
     def __enter__(self) -> Batch:
+        if is_async_session(self.session):
+            # A plain ``with`` cannot await the close: the batch would stay open, its callbacks never run.
+            raise TypeError("a batch opened on an AsyncSession closes with `async with`, not `with`")
         return self
 
     def __exit__(
@@ -138,6 +141,17 @@ class Batch:
     ) -> None:
         if kind is None:
             self.close()
+
+    async def __aenter__(self) -> Batch:
+        if not is_async_session(self.session):
+            raise TypeError("a batch opened on a Session closes with `with`, not `async with`")
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        if kind is None:
+            await self.close()
 
     def __repr__(self) -> str:
         named = f" {self.name!r}" if self.name is not None else ""

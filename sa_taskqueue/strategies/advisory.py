@@ -38,7 +38,7 @@ from sa_taskqueue.backends import SERVED_BY, backend_for
 from sa_taskqueue.core.claimed import ClaimedTask, ClaimKey
 from sa_taskqueue.core.exceptions import StrategyError
 from sa_taskqueue.core.finished import AfterFinal, notify_finished
-from sa_taskqueue.core.model import TaskStatus, has_status
+from sa_taskqueue.core.model import FINISHED_STATUSES, TaskStatus, has_status
 from sa_taskqueue.core.rate_limit import Rates
 from sa_taskqueue.strategies.base import ClaimStrategy
 from sa_taskqueue.strategies.claiming import (
@@ -123,6 +123,21 @@ class _Holder:
     locks: AdvisoryLocks
     claims: set[ClaimKey]
     mutex: threading.RLock = field(default_factory=threading.RLock)
+
+
+def releases_lock(values: Any, *, written: bool) -> bool:
+    """Whether a guarded write of ``values`` ends the claim, so that its lock goes.
+
+    Only a write out of RUNNING does: a running task's progress is written
+    through the same guard and keeps its lock, or recovery would find the
+    lock free and queue the task again while it runs.  A final write the
+    ``has_dependents`` test refused keeps it too: the task gained a dependent
+    while it ran, and its caller writes it again through the workflow path
+    (`finish_then`, which lets go after) or lets go itself (`settled`).
+    """
+    if "status" not in values:
+        return False
+    return written or values["status"] not in FINISHED_STATUSES
 
 
 class AdvisoryLockStrategy(ClaimStrategy):
@@ -328,7 +343,8 @@ class AdvisoryLockStrategy(ClaimStrategy):
                 # Otherwise the row was refused (bad data): the lock stays so
                 # the caller can still record a failure under it.
                 raise
-            self._release(holder, key)
+            if releases_lock(values, written=written):
+                self._release(holder, key)
         return written
 
     def complete_on(

@@ -129,18 +129,21 @@ def _cancel_children(
     """Cancel the waiting children of ``failed`` whose policy is not "run"; those cancelled."""
     deps = dependency_table_of(table)
     parent_ids = [parent.id for parent in failed]
-    children = conn.execute(
+    rows = conn.execute(
         select(table.c.id, table.c.on_parent_failure, table.c.batch_id, table.c.has_dependents)
-        .where(
-            table.c.id.in_(select(deps.c.child_id).where(deps.c.parent_id.in_(parent_ids))),
-            has_status(table, TaskStatus.WAITING),
-        )
+        .select_from(table.join(deps, deps.c.child_id == table.c.id))
+        .where(deps.c.parent_id.in_(parent_ids), has_status(table, TaskStatus.WAITING))
         .order_by(table.c.id)
         # Locked, in id order: a child another parent's transaction cancels or
-        # releases meanwhile is read as that one leaves it (MySQL's locking
-        # read reads the latest row whatever the isolation level).
+        # releases meanwhile is read as that one leaves it.  The edges are
+        # joined, not read in a subquery, so that the locking read covers them
+        # too: MySQL's and MariaDB's locking read reads the latest rows whatever
+        # the isolation level, where a subquery would read REPEATABLE READ's
+        # snapshot and miss an edge to a grandchild enqueued since.
         .with_for_update()
     ).all()
+    # (A child of two of these parents comes once per edge; FOR UPDATE allows no DISTINCT.)
+    children = list({row[0]: row for row in rows}.values())
     doomed = [row for row in children if (row[1] or CANCEL) != RUN]
     if not doomed:
         return []

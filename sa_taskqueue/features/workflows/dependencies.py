@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Table, event, insert, inspect, select, update
+from sqlalchemy import Connection, Engine, Table, event, func, insert, inspect, select, update
 from sqlalchemy.orm import Session, UOWTransaction
 
 from sa_taskqueue.core.bulk_insert import insert_rows
@@ -145,6 +145,58 @@ def _unflag(conn: Connection, table: Table, parent_ids: Sequence[int]) -> None:
         )
         .values(has_dependents=None)
     )
+
+
+def reopened(conn: Connection, table: Table, task_ids: Sequence[int]) -> None:
+    """Finished tasks ``task_ids`` that ``conn``'s transaction queues again (a retry): undo their end.
+
+    Their end took each one off the count of its waiting children (`bookkeeping.release`),
+    which will count its next end again: each such child gets one back per edge, so the two
+    ends count once between them.  (Children its end cancelled, or released to run, stay as
+    they are.)  And a retried task that has parents of its own waits again for those not
+    finished, read under their locks as `decide` reads them, rather than run before them.
+    """
+    ids = sorted(set(task_ids))
+    if not ids:
+        return
+    deps = dependency_table_of(table)
+    edges_back = (
+        select(func.count())
+        .select_from(deps)
+        .where(deps.c.child_id == table.c.id, deps.c.parent_id.in_(ids))
+        .scalar_subquery()
+    )
+    conn.execute(
+        update(table)
+        .where(
+            table.c.id.in_(select(deps.c.child_id).where(deps.c.parent_id.in_(ids))),
+            table.c.status == TaskStatus.WAITING.value,
+        )
+        .values(parents_pending=table.c.parents_pending + edges_back)
+    )
+    edges = conn.execute(select(deps.c.child_id, deps.c.parent_id).where(deps.c.child_id.in_(ids))).all()
+    if not edges:
+        return
+    parent_ids = sorted({parent_id for _child, parent_id in edges})
+    statuses = dict(
+        conn.execute(
+            select(table.c.id, table.c.status)
+            .where(table.c.id.in_(parent_ids))
+            .order_by(table.c.id)
+            .with_for_update()
+        ).all()
+    )
+    pending: dict[int, int] = {}
+    for child_id, parent_id in edges:
+        status = statuses.get(parent_id)
+        if status is not None and TaskStatus(status) not in FINISHED_STATUSES:
+            pending[child_id] = pending.get(child_id, 0) + 1
+    for child_id, count in sorted(pending.items()):
+        conn.execute(
+            update(table)
+            .where(table.c.id == child_id, table.c.status == TaskStatus.QUEUED.value)
+            .values(status=TaskStatus.WAITING, parents_pending=count)
+        )
 
 
 def link(conn: Connection, table: Table, edges: Sequence[tuple[int, int]]) -> None:

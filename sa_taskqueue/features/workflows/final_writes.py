@@ -50,11 +50,16 @@ def gained_dependents(conn: Connection, table: Table, tasks: Sequence[ClaimedTas
         return []
     found = set(
         conn.scalars(
-            select(table.c.id).where(
+            select(table.c.id)
+            .where(
                 table.c.id.in_(sorted(task.id for task in tasks)),
                 has_status(table, TaskStatus.RUNNING, indexed=False),
                 table.c.has_dependents.is_not(None),
             )
+            # A locking read reads the rows as they are now: on MySQL and MariaDB a plain
+            # read in a transactional task's REPEATABLE READ transaction would read them as
+            # they were at its first read, before the dependent that refused the write.
+            .with_for_update()
         )
     )
     return [dataclasses.replace(task, has_dependents=True) for task in tasks if task.id in found]
@@ -85,6 +90,7 @@ def finish(
             return True
         gained = read_gained(engine, table, [task])
         if not gained:
+            strategy.settled(task)  # (taken over: what else held it goes)
             return False
         task = gained[0]
     then = bookkeeping(table, [task], [status], now)
@@ -146,6 +152,9 @@ def complete_rerouted(
     missing = [index for index, task in enumerate(tasks) if task.id not in written]
     gained = {task.id: task for task in read_gained(engine, table, [tasks[index] for index in missing])}
     again = [index for index in missing if tasks[index].id in gained]
+    for index in missing:
+        if tasks[index].id not in gained:
+            strategy.settled(tasks[index])  # (taken over: what else held it goes)
     return complete_workflow(
         strategy, engine, table, [gained[tasks[i].id] for i in again], [results[i] for i in again], now
     )
@@ -170,6 +179,9 @@ def fail_many(
             missing = [index for index in plain if tasks[index].id not in written]
             gained = {task.id: task for task in read_gained(engine, table, [tasks[i] for i in missing])}
             rerouted = [index for index in missing if tasks[index].id in gained]
+            for index in missing:
+                if tasks[index].id not in gained:
+                    strategy.settled(tasks[index])  # (taken over: what else held it goes)
             written |= _fail_workflow(
                 strategy,
                 engine,
