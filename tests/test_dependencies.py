@@ -825,3 +825,26 @@ def test_a_retried_dependent_waits_again_for_its_unfinished_parents(
     assert set(claimed) == {a_id}, "only the parent is claimable"
     assert flow.complete(claimed[a_id], 10)
     assert status(engine, child_id) is tq.TaskStatus.QUEUED, "released by its parent's completion"
+
+
+def test_a_retry_of_every_failed_task_counts_each_parent_once_more_in_chunks(
+    flow: tq.TaskQueue, engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sa_taskqueue.features.workflows import dependencies
+
+    monkeypatch.setattr(dependencies, "REOPENED_CHUNK", 2)
+    with Session(engine) as session, session.begin():
+        parents = [flow.enqueue(session, "step", {"n": n}, max_attempts=1) for n in range(5)]
+        child = flow.enqueue(session, "step", {"n": 9}, depends_on=parents, on_parent_failure="run")
+        child_id = child.id
+    for task in claim_all(flow).values():
+        assert flow.fail(task, "boom", retry=False)
+    assert status(engine, child_id) is tq.TaskStatus.QUEUED, "released by its last parent's end"
+    with engine.begin() as conn:  # (as if its last parent had not ended yet)
+        conn.execute(
+            sa.update(TABLE)
+            .where(TABLE.c.id == child_id)
+            .values(status=tq.TaskStatus.WAITING, parents_pending=0)
+        )
+    assert Admin(engine, flow.table).retry(None) == 5
+    assert task_row(engine, child_id).parents_pending == 5, "each retried parent counted once more"

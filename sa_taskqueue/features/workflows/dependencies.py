@@ -157,8 +157,16 @@ def reopened(conn: Connection, table: Table, task_ids: Sequence[int]) -> None:
     finished, read under their locks as `decide` reads them, rather than run before them.
     """
     ids = sorted(set(task_ids))
-    if not ids:
-        return
+    # (A retry of every failed task can name many: a few hundred ids a statement.)
+    for start in range(0, len(ids), REOPENED_CHUNK):
+        _reopened(conn, table, ids[start : start + REOPENED_CHUNK])
+
+
+#: The most retried tasks `reopened` names in one statement.
+REOPENED_CHUNK = 500
+
+
+def _reopened(conn: Connection, table: Table, ids: Sequence[int]) -> None:
     deps = dependency_table_of(table)
     edges_back = (
         select(func.count())
