@@ -71,6 +71,9 @@ class ClaimLoop:
         self.concurrency = concurrency
         self.queues = queues
         self.burst = burst
+        #: Slots freed so far (their outcomes written): a burst worker looks again when any was
+        #: freed during a claim that found nothing.
+        self._freed_count = 0
         self.poll_interval = poll_interval
         self.completion_delay = completion_delay
         #: Whether the loop claims during writes, and whether a lone slot claims
@@ -184,6 +187,8 @@ class ClaimLoop:
                     continue  # (a write claimed since the slots were counted: count them again)
                 self._loop_claiming = True
                 claim = self.next_claim_locked()
+            with state.lock:
+                freed_before = self._freed_count
             try:
                 sent_at, claimed = self.claim_passed(free)
             except DatabaseUnavailable as error:
@@ -212,8 +217,12 @@ class ClaimLoop:
                 continue  # every slot taken: wait for one below, then claim again
             if not claimed and self.burst:
                 with state.lock:
-                    # (Nor a write's claim on its way: its tasks would be given back.)
-                    idle = not state.running and not self._write_claiming
+                    # (Nor a write's claim on its way: its tasks would be given back.)  Nor an
+                    # outcome written since this claim looked: it may have released dependents
+                    # the claim could not see yet, so it looks once more first.
+                    idle = (
+                        not state.running and not self._write_claiming and self._freed_count == freed_before
+                    )
                 if idle:
                     return
             if not claimed:
@@ -389,6 +398,7 @@ class ClaimLoop:
         state = self.state
         with state.lock:
             freed = state.running.pop(id(slot), None)
+            self._freed_count += 1
             if freed is not None and (self._oldest_freed is None or slot.claim < self._oldest_freed):
                 self._oldest_freed = slot.claim
             claims_here = (
