@@ -32,6 +32,9 @@ FULL_SUITE_SERIES = SQLALCHEMY_SERIES[-1]
 #: each would otherwise compile SQLAlchemy and the rest anew, about 2 s of CPU.
 COMPILE_BYTECODE = {"UV_COMPILE_BYTECODE": "1"}
 
+#: Each session's slowest tests, listed after its summary: where the matrix's time goes.
+DURATIONS = ["--durations=15", "--durations-min=5"]
+
 #: The editable install leaves the project's own sources to be compiled on
 #: import; where PYTHONDONTWRITEBYTECODE is set that is every process again
 #: (a fifth of a command's start-up), so the session compiles them once.
@@ -83,7 +86,7 @@ def _tests(session: nox.Session, backend: str, sqlalchemy: str) -> None:
     session.run("python", "-m", "compileall", "-q", *OWN_SOURCES)
     session.run("python", "-c", "import sqlalchemy; print('SQLAlchemy', sqlalchemy.__version__)")
     selection = [] if sqlalchemy == FULL_SUITE_SERIES else ["-m", "not slow"]
-    session.run("pytest", "--backend", backend, *selection, *session.posargs)
+    session.run("pytest", "--backend", backend, *selection, *DURATIONS, *session.posargs)
     if sqlalchemy == FULL_SUITE_SERIES and backend not in ASYNC_COVERED_ELSEWHERE:
         strategies = _listed(session, "STRATEGIES", backend)
         rerun = [name for name in strategies if name not in ASYNC_SAME_AS_SYNC_STRATEGIES] or strategies
@@ -151,6 +154,7 @@ def tests_galera(session: nox.Session) -> None:
         "pytest",
         "--backend",
         "galera",
+        *DURATIONS,
         *session.posargs,
         *GALERA_CONFORMANCE,
         "tests/test_galera.py",
