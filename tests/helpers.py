@@ -17,6 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 import sa_taskqueue as tq
+from sa_taskqueue.backends import backend_for
 from sa_taskqueue.core.notify import channel_name
 from sa_taskqueue.core.types import utcnow
 from tests.backends import Backend
@@ -60,6 +61,25 @@ def wait_until(condition: Callable[[], object], seconds: float, what: str, every
             return
         time.sleep(every)
     raise AssertionError(f"timed out after {seconds}s waiting for {what}")
+
+
+def read_through_outages(engine: sa.Engine, read: Callable[[sa.Connection], Any], seconds: float = 60) -> Any:
+    """``read(conn)`` on a connection of ``engine``, again while the database answers with an outage.
+
+    For a test's look at the table while it SIGSTOPs processes: a stopped
+    SQLite process can hold a lock of the WAL's index, and a reader then gets
+    "locking protocol", an outage the workers themselves wait out.
+    """
+    backend = backend_for(engine.dialect)
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            with engine.connect() as conn:
+                return read(conn)
+        except sa.exc.OperationalError as error:
+            if not backend.outage(error.orig) or time.monotonic() > deadline:
+                raise
+        time.sleep(0.1)
 
 
 class MovableClock:

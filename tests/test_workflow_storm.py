@@ -29,6 +29,7 @@ from sqlalchemy.orm import Session
 
 import sa_taskqueue as tq
 from tests.backends import Backend
+from tests.helpers import read_through_outages
 from tests.storm_app import StormCallback, StormStart, make_storm_queue, reset
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -76,25 +77,16 @@ def start_worker(backend: Backend, tmp_path: Path, n: int) -> subprocess.Popen[b
 
 def unfinished(engine: sa.Engine) -> int:
     table = tq.Task.__table__
-    with engine.connect() as conn:
-        return int(
-            conn.scalar(
-                sa.select(sa.func.count()).where(
-                    table.c.status.in_([tq.TaskStatus.WAITING, tq.TaskStatus.QUEUED, tq.TaskStatus.RUNNING])
-                )
-            )
-            or 0
-        )
+    waiting = [tq.TaskStatus.WAITING, tq.TaskStatus.QUEUED, tq.TaskStatus.RUNNING]
+    count = sa.select(sa.func.count()).where(table.c.status.in_(waiting))
+    return int(read_through_outages(engine, lambda conn: conn.scalar(count)) or 0)
 
 
 def member_statuses(engine: sa.Engine, batch_id: int) -> dict[str, int]:
     table = tq.Task.__table__
-    with engine.connect() as conn:
-        rows = conn.execute(
-            sa.select(table.c.status, sa.func.count())
-            .where(table.c.batch_id == batch_id)
-            .group_by(table.c.status)
-        ).all()
+    members = table.c.batch_id == batch_id
+    by_status = sa.select(table.c.status, sa.func.count()).where(members).group_by(table.c.status)
+    rows = read_through_outages(engine, lambda conn: conn.execute(by_status).all())
     return {tq.TaskStatus(status).value: int(count) for status, count in rows}
 
 
