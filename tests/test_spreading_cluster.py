@@ -72,8 +72,14 @@ def enqueue(engine: sa.Engine, count: int, sleep: float = 0.0, first: int = 0) -
         session.commit()
 
 
-def worker(url: str, spreading: str, log: Path) -> subprocess.Popen[bytes]:
-    """A worker of 4 slots on ``url``, with a 3s lease, its log to ``log``.
+#: The lease of the drains' workers: long, since a drain is about where the claims go, not about
+#: recovery, and a cluster of three nodes sharing a busy 2-core machine can stall for seconds, past
+#: which a worker's watchdog kills it (no task is run twice at once for it, and none is left to run).
+DRAIN_LEASE = 30.0
+
+
+def worker(url: str, spreading: str, log: Path, lease: float = 3.0) -> subprocess.Popen[bytes]:
+    """A worker of 4 slots on ``url``, with a ``lease`` of 3 s unless told, its log to ``log``.
 
     ``spreading``: "on" or "off" forces skip_locked's spreading over the nodes
     either way; "" leaves the default.
@@ -94,7 +100,7 @@ def worker(url: str, spreading: str, log: Path) -> subprocess.Popen[bytes]:
                 "0",
             ],
             cwd=ROOT,
-            env=cli_env(url, SA_TASKQUEUE_TEST_LEASE="3", SA_TASKQUEUE_TEST_SPREADING=spreading),
+            env=cli_env(url, SA_TASKQUEUE_TEST_LEASE=str(lease), SA_TASKQUEUE_TEST_SPREADING=spreading),
             stdout=subprocess.DEVNULL,
             stderr=out,
         )
@@ -149,7 +155,7 @@ def drain(
     with ExitStack() as stack:
         workers = {}
         for node in on:
-            process = worker(backend.nodes[node], spreading, tmp_path / f"worker{node}.log")
+            process = worker(backend.nodes[node], spreading, tmp_path / f"worker{node}.log", DRAIN_LEASE)
             stack.callback(stop, process)
             workers[process.pid] = node
         first = 0
